@@ -1,0 +1,1 @@
+"""The agent daemon: local training, the link to the coordinator."""

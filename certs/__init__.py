@@ -1,0 +1,1 @@
+"""The certificate tool: CA, issue, revoke, inspect; SPIFFE identity rules."""

@@ -1,0 +1,15 @@
+"""Gradient codecs, their error-feedback state, and the link policy that picks among them."""
+
+from skyfed.compression.base import Codec, PayloadError
+from skyfed.compression.feedback import ErrorFeedback
+from skyfed.compression.registry import codec_names, decode_payload, make_codec, payload_codec
+
+__all__ = [
+    "Codec",
+    "ErrorFeedback",
+    "PayloadError",
+    "codec_names",
+    "decode_payload",
+    "make_codec",
+    "payload_codec",
+]

@@ -1,0 +1,54 @@
+"""The codec interface: one tensor in, one self-describing payload out, and back."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+
+class PayloadError(ValueError):
+    """A payload that is truncated, corrupted, foreign or inconsistent with its header."""
+
+
+class Codec(ABC):
+    """Turns a float32 tensor into a framed payload and back.
+
+    Codecs are stateless apart from their parameters; error-feedback residuals live in an
+    :class:`~skyfed.compression.feedback.ErrorFeedback` object the caller owns, so the
+    same residual survives a change of codec on a link.
+    """
+
+    name: ClassVar[str]
+    wire_id: ClassVar[int]
+    lossless: ClassVar[bool] = False
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor) -> bytes:
+        """Encode ``x`` (float32, any shape) into a framed payload."""
+
+    @abstractmethod
+    def decode(self, payload: bytes) -> torch.Tensor:
+        """Decode a payload made by :meth:`encode` into a float32 tensor of its shape.
+
+        Raises :class:`PayloadError` for anything that is not such a payload.
+        """
+
+    def encode_with_feedback(self, g: torch.Tensor, residual: torch.Tensor | None) -> tuple[
+        bytes, torch.Tensor
+    ]:
+        """Error feedback: ``p = g + e; c = C(p); e' = p - D(c)``. Returns ``(c, e')``.
+
+        Codecs override this when they can form ``e'`` cheaper than a full decode.
+        """
+        p = g if residual is None else g + residual
+        payload = self.encode(p)
+        return payload, p - self.decode(payload)
+
+    def estimate_ratio(self, numel: int) -> float:
+        """Raw float32 bytes over payload bytes, estimated without encoding."""
+        return 1.0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

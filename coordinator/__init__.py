@@ -1,0 +1,1 @@
+"""The coordinator: sessions, rounds, aggregation, checkpoints, admin status."""

@@ -1,0 +1,1 @@
+"""The network lab: namespaces, shaped links, link self-checks."""

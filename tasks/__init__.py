@@ -1,0 +1,1 @@
+"""Training tasks: the embedded default (a char transformer on pydoc topics) and the task interface."""
