@@ -1,0 +1,178 @@
+"""Measurement tools run inside lab namespaces: UDP echo and ping, UDP blast and sink, TCP bulk.
+
+Run as ``python -m skyfed.lab.probe TOOL ...``; servers print ``ready`` once bound, and
+every tool that measures prints one JSON line of results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+
+PROBE = struct.Struct("!Id")
+"""Probe payload head: sequence number, send time (client clock)."""
+PROBE_SIZE = 64
+UDP_IP_OVERHEAD = 28
+RCVBUF = 8 << 20
+SO_RCVBUFFORCE = 33
+"""Linux: set the receive buffer past net.core.rmem_max (root); Python has no name for it."""
+
+
+def _ready() -> None:
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+
+def _result(data: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def _udp(bind: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+    sock.bind((bind, port))
+    return sock
+
+
+def echo(args: argparse.Namespace) -> None:
+    """Send every datagram back to where it came from, until ``--duration-s``."""
+    sock = _udp(args.bind, args.port)
+    _ready()
+    deadline = time.monotonic() + args.duration_s
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([sock], [], [], left)[0]:
+            data, peer = sock.recvfrom(2048)
+            sock.sendto(data, peer)
+
+
+def ping(args: argparse.Namespace) -> None:
+    """Send ``--count`` probes ``--interval-ms`` apart; report what came back and when."""
+    sock = _udp("0.0.0.0", 0)
+    sock.connect((args.to, args.port))
+    rtts_ms: dict[int, float] = {}
+    start = time.monotonic()
+    sent = 0
+    end = start + args.count * args.interval_ms / 1000.0 + args.wait_s
+    while (now := time.monotonic()) < end and (sent < args.count or len(rtts_ms) < sent):
+        if sent < args.count and now >= start + sent * args.interval_ms / 1000.0:
+            sock.send(PROBE.pack(sent, now).ljust(PROBE_SIZE, b"\0"))
+            sent += 1
+            continue
+        due = start + sent * args.interval_ms / 1000.0 if sent < args.count else end
+        if select.select([sock], [], [], max(0.0, min(due, end) - now))[0]:
+            seq, t_sent = PROBE.unpack_from(sock.recv(2048))
+            rtts_ms[seq] = (time.monotonic() - t_sent) * 1000.0
+    _result({"sent": sent, "received": len(rtts_ms), "rtts_ms": sorted(rtts_ms.values())})
+
+
+def sink(args: argparse.Namespace) -> None:
+    """Count datagrams until ``--idle-s`` passes without one (after the first)."""
+    sock = _udp(args.bind, args.port)
+    _ready()
+    count = size = 0
+    first = last = 0.0
+    deadline = time.monotonic() + args.duration_s
+    while (left := deadline - time.monotonic()) > 0:
+        wait = min(left, args.idle_s) if count else left
+        if not select.select([sock], [], [], wait)[0]:
+            if count:
+                break
+            continue
+        size = len(sock.recv(65536))
+        last = time.monotonic()
+        first = first or last
+        count += 1
+    _result({"packets": count, "ip_bytes": size + UDP_IP_OVERHEAD, "first": first, "last": last})
+
+
+def blast(args: argparse.Namespace) -> None:
+    """Send UDP datagrams of ``--size`` bytes at ``--rate-mbit`` for ``--duration-s``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    sock.connect((args.to, args.port))
+    payload = b"\0" * args.size
+    pps = args.rate_mbit * 1e6 / 8 / (args.size + UDP_IP_OVERHEAD)
+    start = time.monotonic()
+    sent = refused = 0
+    while (elapsed := time.monotonic() - start) < args.duration_s:
+        due = int(elapsed * pps) + 1
+        while sent < due:
+            try:
+                sock.send(payload)
+            except (BlockingIOError, ConnectionRefusedError):
+                refused += 1
+            sent += 1
+        time.sleep(0.0002)
+    _result({"sent": sent, "refused": refused, "seconds": time.monotonic() - start})
+
+
+def tcp_sink(args: argparse.Namespace) -> None:
+    """Accept one TCP connection and count its bytes."""
+    server = socket.create_server((args.bind, args.port))
+    _ready()
+    server.settimeout(args.duration_s)
+    conn, _ = server.accept()
+    total, first = 0, 0.0
+    while chunk := conn.recv(1 << 20):
+        total += len(chunk)
+        first = first or time.monotonic()
+    _result({"bytes": total, "seconds": time.monotonic() - first})
+
+
+def tcp_send(args: argparse.Namespace) -> None:
+    """Send as fast as TCP allows for ``--duration-s``."""
+    sock = socket.create_connection((args.to, args.port), timeout=10)
+    block = b"\0" * (1 << 20)
+    start = time.monotonic()
+    sent = 0
+    while time.monotonic() - start < args.duration_s:
+        sock.sendall(block)
+        sent += len(block)
+    sock.close()
+    _result({"bytes": sent, "seconds": time.monotonic() - start})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m skyfed.lab.probe", description=__doc__)
+    tools = parser.add_subparsers(dest="tool", required=True)
+    tool_funcs: dict[str, Callable[[argparse.Namespace], None]] = {
+        "echo": echo,
+        "ping": ping,
+        "sink": sink,
+        "blast": blast,
+        "tcp-sink": tcp_sink,
+        "tcp-send": tcp_send,
+    }
+    for name, func in tool_funcs.items():
+        sub = tools.add_parser(name, help=func.__doc__)
+        sub.set_defaults(func=func)
+        sub.add_argument("--port", type=int, required=True)
+        sub.add_argument("--duration-s", type=float, default=30.0)
+        if name in ("echo", "sink", "tcp-sink"):
+            sub.add_argument("--bind", required=True)
+        else:
+            sub.add_argument("--to", required=True)
+    tools.choices["ping"].add_argument("--count", type=int, default=1000)
+    tools.choices["ping"].add_argument("--interval-ms", type=float, default=1.0)
+    tools.choices["ping"].add_argument("--wait-s", type=float, default=1.0)
+    tools.choices["sink"].add_argument("--idle-s", type=float, default=0.75)
+    tools.choices["blast"].add_argument("--rate-mbit", type=float, required=True)
+    tools.choices["blast"].add_argument("--size", type=int, default=1472)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    args = _parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
