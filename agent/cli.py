@@ -1,0 +1,64 @@
+"""``agent start``."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from skyfed.agent.config import AgentConfig
+from skyfed.config import load_config
+from skyfed.logs import setup_logging
+
+
+@click.group()
+def main() -> None:
+    """The skyfed agent: local training and the link to the coordinator."""
+
+
+@main.command()
+@click.option(
+    "--config", "config_path", type=click.Path(exists=True, path_type=Path), help="TOML file."
+)
+@click.option("--cloud", help="This site's cloud (aws, gcp, azure, ...).")
+@click.option("--name", help="Agent name (default <cloud>-1).")
+@click.option("--coordinator", help="Coordinator HOST:PORT.")
+@click.option(
+    "--certs", type=click.Path(path_type=Path), help="certs directory (ca.crt, <name>.crt/.key)."
+)
+@click.option("--ca", type=click.Path(path_type=Path))
+@click.option("--cert", type=click.Path(path_type=Path))
+@click.option("--key", type=click.Path(path_type=Path))
+@click.option("--server-name", help="TLS name on the coordinator's certificate.")
+@click.option("--task")
+@click.option("--shard", type=int)
+@click.option("--num-shards", type=int)
+@click.option("--local-steps", type=int)
+@click.option("--rounds", type=int, help="Stop after this many rounds (0: until final).")
+@click.option("--tp", type=int, help="Local tensor-parallel ranks.")
+@click.option(
+    "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
+)
+@click.option("--log-level", default=None)
+def start(config_path: Path | None, log_level: str | None, **flags: object) -> None:
+    """Join the federation and train until it is done."""
+    try:
+        config = load_config(AgentConfig, component="agent", path=config_path, flags=flags)
+    except (ValueError, TypeError, OSError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    setup_logging(log_level, who=config.name)
+    from skyfed.agent.daemon import Agent
+    from skyfed.agent.link import LinkClosed
+
+    agent = Agent(config)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes cleanly
+    try:
+        agent.run()
+    except LinkClosed as exc:
+        click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
+        sys.exit(3)
+    except TimeoutError as exc:
+        click.echo(f"agent {config.name}: {exc}", err=True)
+        sys.exit(4)

@@ -1,0 +1,73 @@
+"""The agent's configuration: one dataclass, one TOML file, env and flags on top."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    """Everything ``agent start`` needs. TOML keys are these field names."""
+
+    cloud: str
+    """This site's cloud; must match the certificate's SPIFFE identity."""
+    name: str = ""
+    """This agent's name (default ``<cloud>-1``); must match the certificate."""
+    coordinator: str = "localhost:7443"
+    """Coordinator address, HOST:PORT."""
+    certs: Path | None = None
+    """A ``certs`` directory: ca.crt, <name>.crt, <name>.key. Explicit paths win."""
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str | None = None
+    """TLS name to expect on the coordinator's certificate, if not the host in ``coordinator``."""
+    task: str = "chargpt"
+    """Task to train (``chargpt`` or ``module:factory``); must be the federation's."""
+    seed: int = 0
+    """Seed of the initial weights (must match the coordinator's) and of the data order."""
+    shard: int = 0
+    """Which shard of the task's data this site trains on."""
+    num_shards: int = 1
+    """How many shards the data is cut into."""
+    local_steps: int = 4
+    """Optimizer steps between exchanges; the pseudo-gradient spans them."""
+    rounds: int = 0
+    """Stop after applying this many rounds (0: until the coordinator says final)."""
+    tp: int = 1
+    """Local tensor-parallel ranks."""
+    reconnect_initial_s: float = 0.2
+    """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
+    reconnect_max_s: float = 5.0
+    give_up_after_s: float = 600.0
+    """Stop retrying after this long without a session (0: never)."""
+    report: Path | None = None
+    """Write a JSON report (round, weights digest, bytes, loss) here after every round."""
+    threads: int = 1
+    """torch intra-op threads for local training."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = f"{self.cloud}-1"
+        checks = [
+            (self.local_steps >= 1, "local_steps", ">= 1"),
+            (self.rounds >= 0, "rounds", ">= 0"),
+            (self.tp >= 1, "tp", ">= 1"),
+            (self.num_shards >= 1, "num_shards", ">= 1"),
+            (0 <= self.shard < self.num_shards, "shard", f"in 0..{self.num_shards - 1}"),
+            (self.reconnect_initial_s > 0, "reconnect_initial_s", "> 0"),
+            (self.reconnect_max_s >= self.reconnect_initial_s, "reconnect_max_s", ">= initial"),
+            (":" in self.coordinator, "coordinator", "HOST:PORT"),
+            (self.threads >= 1, "threads", ">= 1"),
+        ]
+        for ok, field, what in checks:
+            if not ok:
+                raise ValueError(f"agent option {field}={getattr(self, field)!r} must be {what}")
+        if self.certs is not None:
+            self.ca = self.ca or self.certs / "ca.crt"
+            self.cert = self.cert or self.certs / f"{self.name}.crt"
+            self.key = self.key or self.certs / f"{self.name}.key"
+        for field in ("ca", "cert", "key"):
+            if getattr(self, field) is None:
+                raise ValueError(f"agent option {field} must be set (or give certs=DIR)")

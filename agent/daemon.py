@@ -1,0 +1,323 @@
+"""The agent daemon: join, train, contribute, apply; reconnect and resync when links fail."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import grpc
+import torch
+
+from skyfed.agent.config import AgentConfig
+from skyfed.agent.link import Link, LinkClosed, open_channel
+from skyfed.agent.trainer import LocalResult, LocalTrainer
+from skyfed.compression import ErrorFeedback, PayloadError, codec_names, decode_payload, make_codec
+from skyfed.errors import ProtocolError
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
+from skyfed.proto.serde import specs_to_proto
+from skyfed.tasks import load_task
+
+log = logging.getLogger(__name__)
+
+# Refusals no retry can fix: the operator must act (wrong certificate, wrong model).
+FATAL_CODES = {
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
+WELCOME_TIMEOUT_S = 60.0
+
+
+class Resync(Exception):
+    """Our weights no longer match the coordinator's; reconnect and fetch them."""
+
+
+class Finished(Exception):
+    """The coordinator said final, or our own round budget is spent."""
+
+
+class Agent:
+    """One site. ``run`` returns when training is over; raises on a refusal that is final."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        torch.set_num_threads(config.threads)
+        self.task = load_task(config.task)
+        self.trainer = LocalTrainer(
+            self.task,
+            seed=config.seed,
+            shard=config.shard,
+            num_shards=config.num_shards,
+            local_steps=config.local_steps,
+        )
+        self.feedback = ErrorFeedback()
+        self.codec = "fp32"
+        self.last_round = -1
+        self.applied = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.last_loss = float("nan")
+        self.max_chunk_bytes = DEFAULT_MAX_CHUNK_BYTES
+        # Decoded uplink payloads not yet acknowledged, by round: credited back if refused.
+        self._unacked: dict[int, list[torch.Tensor]] = {}
+        # The aggregate being received: its assembler and the tensors decoded so far.
+        self._agg: Assembler | None = None
+        self._agg_values: dict[int, torch.Tensor] = {}
+        self._stopping = False
+        self._connected = False
+
+    # ---- the reconnect loop --------------------------------------------------------------
+
+    def run(self) -> None:
+        delay = self.config.reconnect_initial_s
+        lost_since = time.monotonic()
+        while not self._stopping:
+            try:
+                self._session()
+            except Finished:
+                log.info(
+                    "[Agent.Done] round=%d digest=%s", self.last_round, self.trainer.digest()[:16]
+                )
+                return
+            except LinkClosed as exc:
+                if exc.code in FATAL_CODES:
+                    raise
+                log.warning("[Agent.Link] session ended (%s); reconnecting in %.1fs", exc, delay)
+            except Resync as exc:
+                log.warning("[Agent.Resync] %s", exc)
+                self.last_round = -1
+            else:
+                delay = self.config.reconnect_initial_s
+            if self._connected:
+                lost_since, delay = time.monotonic(), self.config.reconnect_initial_s
+            give_up = self.config.give_up_after_s
+            if give_up and time.monotonic() - lost_since > give_up:
+                raise TimeoutError(f"no session with {self.config.coordinator} for {give_up} s")
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(2 * delay, self.config.reconnect_max_s)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _session(self) -> None:
+        self._connected = False
+        channel = open_channel(self.config)
+        link = Link(channel)
+        try:
+            self._join(link)
+            self._connected = True
+            while not self._stopping:
+                self._round(link)
+        finally:
+            link.close()
+            channel.close()
+
+    # ---- one session ---------------------------------------------------------------------
+
+    def _join(self, link: Link) -> None:
+        hello = pb.Hello(
+            cloud=self.config.cloud,
+            name=self.config.name,
+            task=self.task.name,
+            tensors=specs_to_proto(self.trainer.spec),
+            tp=self.config.tp,
+            codecs=codec_names(),
+            last_round=self.last_round,
+            weights_digest=self.trainer.digest(),
+        )
+        link.send(pb.AgentMessage(hello=hello))
+        welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome
+        self.codec, self.max_chunk_bytes = welcome.codec, welcome.max_chunk_bytes
+        link.start_heartbeats(welcome.heartbeat_ms / 1000)
+        if welcome.weights_follow:
+            self._receive_weights(link)
+        self.last_round = welcome.round - 1
+        log.info(
+            "[Agent.Join] identity=%s round=%d codec=%s",
+            welcome.identity,
+            welcome.round,
+            self.codec,
+        )
+
+    def _receive_weights(self, link: Link) -> None:
+        assembler = self._assembler(pb.Chunk.WEIGHTS, None)
+        weights: dict[int, torch.Tensor] = {}
+        while True:
+            message = self._expect(link, ("chunk", "weights_end"), WELCOME_TIMEOUT_S)
+            if message.HasField("weights_end"):
+                break
+            if assembler.round is None:
+                assembler.round = message.chunk.round
+            payload = assembler.add(message.chunk)
+            if payload is not None:
+                weights[payload.tensor] = self._decode(payload)
+        end = message.weights_end
+        if len(weights) != len(self.trainer.spec) or end.chunks != assembler.next_seq:
+            raise Resync(f"weights transfer incomplete ({len(weights)} tensors)")
+        self.trainer.load([weights[i] for i in range(len(weights))])
+        if self.trainer.digest() != end.weights_digest:
+            raise Resync("received weights do not match the coordinator's digest")
+        log.info("[Agent.Sync] weights of round %d loaded", end.round)
+
+    def _round(self, link: Link) -> None:
+        target = self.last_round + 1
+        result = self.trainer.train()
+        self.last_loss = result.loss
+        self._pump(link, timeout=0)
+        if self.last_round >= target:  # the round closed while we trained: keep the work
+            self._keep_in_residual(result)
+        else:
+            self._contribute(link, target, result)
+        while self.last_round < target:
+            self._pump(link, timeout=1.0)
+
+    def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
+        codec = make_codec(self.codec)
+        payloads, sent = [], []
+        for i, (info, delta) in enumerate(zip(self.trainer.spec, result.delta, strict=True)):
+            data, p = self.feedback.encode(info.name, codec, delta)
+            sent.append(p - self.feedback.residuals[info.name])
+            payloads.append(Payload(i, None, self.codec, data))
+        chunks = cut_all(
+            payloads, kind=pb.Chunk.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
+        )
+        self._unacked[round] = sent
+        raw = sum(info.numel * 4 for info in self.trainer.spec)
+        link.send(
+            pb.AgentMessage(
+                contribution=pb.Contribution(
+                    round=round,
+                    chunks=len(chunks),
+                    samples=result.samples,
+                    loss=result.loss,
+                    train_s=result.train_s,
+                    raw_bytes=raw,
+                )
+            )
+        )
+        for chunk in chunks:
+            link.send(pb.AgentMessage(chunk=chunk))
+        self.bytes_up += sum(len(c.data) for c in chunks)
+
+    def _keep_in_residual(self, result: LocalResult) -> None:
+        for info, delta in zip(self.trainer.spec, result.delta, strict=True):
+            r = self.feedback.residuals.get(info.name)
+            self.feedback.residuals[info.name] = delta if r is None else r + delta
+
+    # ---- incoming ------------------------------------------------------------------------
+
+    def _pump(self, link: Link, timeout: float) -> None:
+        """Handle every message that is there (waiting up to ``timeout`` for the first)."""
+        message = link.recv(timeout)
+        while message is not None:
+            self._handle(message)
+            message = link.recv(0)
+
+    def _handle(self, message: pb.CoordinatorMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "chunk":
+            self._aggregate_chunk(message.chunk)
+        elif kind == "round_end":
+            self._round_end(message.round_end)
+        elif kind == "receipt":
+            self._receipt(message.receipt)
+        elif kind == "welcome":
+            raise ProtocolError("a second welcome on one session")
+
+    def _aggregate_chunk(self, chunk: pb.Chunk) -> None:
+        self.bytes_down += len(chunk.data)
+        if self._agg is None or self._agg.round != chunk.round:
+            self._agg = self._assembler(pb.Chunk.AGGREGATE, chunk.round)
+            self._agg_values = {}
+        payload = self._agg.add(chunk)
+        if payload is not None:
+            self._agg_values[payload.tensor] = self._decode(payload)
+
+    def _round_end(self, end: pb.RoundEnd) -> None:
+        agg, values = self._agg, self._agg_values
+        if agg is None or agg.round != end.round or agg.next_seq != end.chunks:
+            raise Resync(f"aggregate of round {end.round} arrived incomplete")
+        if len(values) != len(self.trainer.spec):
+            raise Resync(f"aggregate of round {end.round} misses tensors")
+        self.trainer.apply([values[i] for i in range(len(values))])
+        self._agg = None
+        digest = self.trainer.digest()
+        if digest != end.weights_digest:
+            raise Resync(f"after round {end.round} our weights differ from the coordinator's")
+        self.last_round, self.applied = end.round, self.applied + 1
+        if end.codec != self.codec:
+            log.info("[Agent.Codec] %s -> %s from round %d", self.codec, end.codec, end.round + 1)
+            self.codec = end.codec
+        self._unacked = {r: v for r, v in self._unacked.items() if r > end.round - 2}
+        self._write_report(digest)
+        if end.final or (self.config.rounds and self.applied >= self.config.rounds):
+            raise Finished
+
+    def _receipt(self, receipt: pb.Receipt) -> None:
+        sent = self._unacked.pop(receipt.round, None)
+        if receipt.accepted or sent is None:
+            return
+        log.info("[Agent.Refused] round=%d: %s", receipt.round, receipt.message)
+        for info, s in zip(self.trainer.spec, sent, strict=True):
+            self.feedback.residuals[info.name] = self.feedback.residuals[info.name] + s
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _assembler(self, kind: int, round: int | None) -> Assembler:
+        return Assembler(
+            kind=kind,
+            round=round,
+            num_tensors=len(self.trainer.spec),
+            max_chunk_bytes=self.max_chunk_bytes,
+            max_payload_bytes=[t.numel * 4 + 4096 for t in self.trainer.spec],
+        )
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        info = self.trainer.spec[payload.tensor]
+        try:
+            values = decode_payload(payload.data)
+        except PayloadError as exc:
+            raise Resync(f"undecodable payload for {info.name}: {exc}") from exc
+        if tuple(values.shape) != info.shape:
+            raise Resync(f"payload for {info.name} has shape {list(values.shape)}")
+        return values
+
+    def _expect(
+        self, link: Link, kinds: str | tuple[str, ...], timeout: float
+    ) -> pb.CoordinatorMessage:
+        kinds = (kinds,) if isinstance(kinds, str) else kinds
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = link.recv(max(0.0, deadline - time.monotonic()))
+            if message is not None and message.WhichOneof("body") in kinds:
+                return message
+            if message is not None and message.WhichOneof("body") != "heartbeat":
+                raise ProtocolError(f"expected {kinds}, got {message.WhichOneof('body')}")
+        raise LinkClosed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no {kinds} within {timeout} s")
+
+    def _write_report(self, digest: str) -> None:
+        if self.config.report is None:
+            return
+        report = {
+            "cloud": self.config.cloud,
+            "name": self.config.name,
+            "round": self.last_round,
+            "rounds_applied": self.applied,
+            "weights_digest": digest,
+            "loss": self.last_loss,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "codec": self.codec,
+        }
+        _write_atomic(self.config.report, json.dumps(report, indent=1))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,118 @@
+"""The agent's end of one session stream: mTLS channel, outbox, inbox, heartbeats."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from skyfed.agent.config import AgentConfig
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto import federation_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+ENVELOPE_BYTES = 64 << 10
+MAX_CHUNK_BYTES = 4 << 20
+
+
+class LinkClosed(Exception):
+    """The stream ended; ``code`` is the gRPC status (OK when the coordinator ended it)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class _End:
+    code: grpc.StatusCode
+    details: str
+
+
+def channel_credentials(config: AgentConfig) -> grpc.ChannelCredentials:
+    assert config.ca and config.cert and config.key  # checked by AgentConfig
+    return grpc.ssl_channel_credentials(
+        root_certificates=config.ca.read_bytes(),
+        private_key=config.key.read_bytes(),
+        certificate_chain=config.cert.read_bytes(),
+    )
+
+
+def open_channel(config: AgentConfig) -> grpc.Channel:
+    options = [
+        ("grpc.max_receive_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
+        ("grpc.max_send_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+    if config.server_name:
+        options.append(("grpc.ssl_target_name_override", config.server_name))
+    return grpc.secure_channel(config.coordinator, channel_credentials(config), options=options)
+
+
+class Link:
+    """A live session: messages go out through a queue gRPC drains, and come in on another."""
+
+    def __init__(self, channel: grpc.Channel, heartbeat_s: float = 1.0) -> None:
+        self._outbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue = queue.Queue()
+        self._call = pb_grpc.FederationStub(channel).Session(self._requests())
+        self._reader = threading.Thread(target=self._read, name="link-read", daemon=True)
+        self._reader.start()
+        self.rtt_ms = 0.0
+        self.heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self._beater = threading.Thread(target=self._beat, name="link-beat", daemon=True)
+        self.bytes_up = 0
+
+    def start_heartbeats(self, interval_s: float) -> None:
+        self.heartbeat_s = interval_s
+        self._beater.start()
+
+    def send(self, message: pb.AgentMessage) -> None:
+        if message.HasField("chunk"):
+            self.bytes_up += len(message.chunk.data)
+        self._outbox.put(message)
+
+    def recv(self, timeout: float | None = None) -> pb.CoordinatorMessage | None:
+        """The next message; None on timeout; raises LinkClosed when the stream ended."""
+        try:
+            item = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, _End):
+            self._inbox.put(item)  # stay closed for later calls
+            raise LinkClosed(item.code, item.details)
+        if item.HasField("heartbeat") and item.heartbeat.echo_ns:
+            self.rtt_ms = (time.monotonic_ns() - item.heartbeat.echo_ns) / 1e6
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._outbox.put(None)
+        self._call.cancel()
+
+    def _requests(self):  # noqa: ANN202 - generator of AgentMessage drained by gRPC
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def _read(self) -> None:
+        try:
+            for message in self._call:
+                self._inbox.put(message)
+            self._inbox.put(_End(grpc.StatusCode.OK, "the coordinator ended the session"))
+        except grpc.RpcError as exc:
+            self._inbox.put(_End(exc.code(), exc.details() or ""))
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self._outbox.put(pb.AgentMessage(heartbeat=pb.Heartbeat(sent_ns=time.monotonic_ns())))

@@ -1,0 +1,44 @@
+"""The admin side: calling ``Status`` over mTLS and showing it to a person."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto import federation_pb2_grpc as pb_grpc
+
+
+def fetch_status(address: str, certs: Path, name: str, timeout_s: float = 5.0) -> pb.StatusReply:
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(certs / "ca.crt").read_bytes(),
+        private_key=(certs / f"{name}.key").read_bytes(),
+        certificate_chain=(certs / f"{name}.crt").read_bytes(),
+    )
+    with grpc.secure_channel(address, creds) as channel:
+        return pb_grpc.FederationStub(channel).Status(pb.StatusRequest(), timeout=timeout_s)
+
+
+def agents_table(reply: pb.StatusReply) -> Table:
+    table = Table(title=f"round {reply.round}  weights {reply.weights_digest[:12]}")
+    for col in ("agent", "state", "codec", "last round", "rtt ms", "up MB", "down MB", "refused"):
+        table.add_column(col, justify="right" if col not in ("agent", "state", "codec") else "left")
+    for a in reply.agents:
+        table.add_row(
+            f"{a.cloud}/{a.name}",
+            a.state,
+            a.codec,
+            str(a.last_round),
+            f"{a.rtt_ms:.1f}",
+            f"{a.bytes_up / 1e6:.2f}",
+            f"{a.bytes_down / 1e6:.2f}",
+            str(a.refused),
+        )
+    return table
+
+
+def render_status(reply: pb.StatusReply) -> None:
+    Console().print(agents_table(reply))

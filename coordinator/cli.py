@@ -1,0 +1,91 @@
+"""``coordinator serve`` and ``coordinator status``."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from skyfed.config import load_config
+from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.logs import setup_logging
+
+DRAIN_S = 3.0
+
+
+@click.group()
+def main() -> None:
+    """The skyfed coordinator: sessions, rounds, aggregation, checkpoints."""
+
+
+@main.command()
+@click.option(
+    "--config", "config_path", type=click.Path(exists=True, path_type=Path), help="TOML file."
+)
+@click.option("--listen", help="HOST:PORT to bind (port 0: any free port).")
+@click.option(
+    "--certs",
+    type=click.Path(path_type=Path),
+    help="certs directory (ca.crt, coordinator.crt/.key, crl.pem).",
+)
+@click.option("--ca", type=click.Path(path_type=Path))
+@click.option("--cert", type=click.Path(path_type=Path))
+@click.option("--key", type=click.Path(path_type=Path))
+@click.option("--crl", type=click.Path(path_type=Path))
+@click.option("--task")
+@click.option("--min-agents", type=int)
+@click.option("--quorum", type=int)
+@click.option("--round-deadline-s", type=float)
+@click.option("--rounds", type=int, help="Stop after this many rounds (0: never).")
+@click.option("--codec", help="Link codec: fp32, fp16, bf16, topk, ecsgd.")
+@click.option("--checkpoint-dir", type=click.Path(path_type=Path))
+@click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
+@click.option("--log-level", default=None)
+def serve(config_path: Path | None, log_level: str | None, **flags: object) -> None:
+    """Serve the federation until its rounds are done or SIGTERM/SIGINT."""
+    setup_logging(log_level, who="coordinator")
+    try:
+        config = load_config(
+            CoordinatorConfig, component="coordinator", path=config_path, flags=flags
+        )
+    except (ValueError, OSError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    from skyfed.coordinator.server import run_server
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with run_server(config) as running:
+        click.echo(f"coordinator listening on port {running.port}", err=True)
+        while not stop.is_set() and not running.federation.finished:
+            stop.wait(0.2)
+        if running.federation.finished:
+            _drain(running)
+
+
+def _drain(running) -> None:  # noqa: ANN001
+    """Give agents a moment to read the final round before the server goes away."""
+    deadline = time.monotonic() + DRAIN_S
+    while running.federation.sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@main.command()
+@click.option("--coordinator", "address", required=True, help="HOST:PORT")
+@click.option("--certs", type=click.Path(path_type=Path), required=True)
+@click.option("--as", "name", default="coordinator", help="Identity in --certs to call as.")
+@click.option("--json", "as_json", is_flag=True)
+def status(address: str, certs: Path, name: str, as_json: bool) -> None:
+    """Who is connected, on which codec, how fast; the last rounds."""
+    from skyfed.coordinator.admin import fetch_status, render_status
+
+    reply = fetch_status(address, certs, name)
+    if as_json:
+        from google.protobuf.json_format import MessageToJson
+
+        click.echo(MessageToJson(reply))
+    else:
+        render_status(reply)

@@ -1,0 +1,87 @@
+"""The coordinator's configuration: one dataclass, one TOML file, env and flags on top."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyfed.compression import codec_names
+from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
+
+
+@dataclass(kw_only=True, slots=True)
+class CoordinatorConfig:
+    """Everything ``coordinator serve`` needs. TOML keys are these field names."""
+
+    listen: str = "0.0.0.0:7443"
+    """Address to bind, HOST:PORT; port 0 picks a free one (see ``port_file``)."""
+    certs: Path | None = None
+    """A ``certs`` directory: ca.crt, crl.pem, coordinator.crt/.key. Explicit paths win."""
+    ca: Path | None = None
+    """CA certificate (PEM) that client certificates must chain to."""
+    cert: Path | None = None
+    """The coordinator's certificate (PEM)."""
+    key: Path | None = None
+    """The coordinator's private key (PEM, 0600)."""
+    crl: Path | None = None
+    """CRL written by ``certs revoke``; re-read when it changes."""
+    task: str = "chargpt"
+    """Task whose model the federation trains (``chargpt`` or ``module:factory``)."""
+    seed: int = 0
+    """Seed of the initial weights."""
+    min_agents: int = 1
+    """Agents that must be connected before round 0 opens."""
+    quorum: int = 1
+    """Contributions that let a round close once its deadline has passed."""
+    round_deadline_s: float = 30.0
+    """Seconds after a round opens when a quorum is enough to close it."""
+    rounds: int = 0
+    """Stop after this many rounds (0: run until stopped)."""
+    outer_lr: float = 1.0
+    """Step size applied to the mean pseudo-gradient (1.0 is federated averaging)."""
+    codec: str = "fp16"
+    """Default link codec (uplink and downlink) until a link policy says otherwise."""
+    checkpoint_dir: Path | None = None
+    """Where round checkpoints go; resumed from on start. None: no checkpoints."""
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
+    """Largest chunk data accepted or sent, in bytes."""
+    heartbeat_ms: int = 1000
+    """Interval agents send heartbeats at."""
+    liveness_timeout_s: float = 30.0
+    """An agent silent (no message at all) this long is dropped from the round."""
+    port_file: Path | None = None
+    """Write the bound port here once serving (for port 0)."""
+
+    def __post_init__(self) -> None:
+        _require(self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")
+        _require(self.quorum >= 1, "quorum", self.quorum, ">= 1")
+        _require(self.round_deadline_s > 0, "round_deadline_s", self.round_deadline_s, "> 0")
+        _require(self.rounds >= 0, "rounds", self.rounds, ">= 0")
+        _require(self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
+        _require(self.codec in codec_names(), "codec", self.codec, f"one of {codec_names()}")
+        _require(
+            4096 <= self.max_chunk_bytes <= 4 << 20,
+            "max_chunk_bytes",
+            self.max_chunk_bytes,
+            "between 4096 and 4 MiB",
+        )
+        _require(self.heartbeat_ms >= 10, "heartbeat_ms", self.heartbeat_ms, ">= 10")
+        _require(
+            self.liveness_timeout_s * 1000 > 2 * self.heartbeat_ms,
+            "liveness_timeout_s",
+            self.liveness_timeout_s,
+            "longer than two heartbeats",
+        )
+        _require(":" in self.listen, "listen", self.listen, "HOST:PORT")
+        if self.certs is not None:
+            self.ca = self.ca or self.certs / "ca.crt"
+            self.cert = self.cert or self.certs / "coordinator.crt"
+            self.key = self.key or self.certs / "coordinator.key"
+            self.crl = self.crl or self.certs / "crl.pem"
+        for name in ("ca", "cert", "key"):
+            _require(getattr(self, name) is not None, name, None, "set (or give certs=DIR)")
+
+
+def _require(ok: bool, field: str, value: object, what: str) -> None:
+    if not ok:
+        raise ValueError(f"coordinator option {field}={value!r} must be {what}")

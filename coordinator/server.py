@@ -1,0 +1,83 @@
+"""Wiring the coordinator together: task, federation, TLS, gRPC server, round driver."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
+from skyfed.coordinator.service import FederationServicer
+from skyfed.fingerprint import model_spec
+from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.tasks import load_task
+
+log = logging.getLogger(__name__)
+
+# Room for one chunk of data plus its envelope.
+ENVELOPE_BYTES = 64 << 10
+MAX_SESSIONS = 256
+
+
+@dataclass
+class Running:
+    """A serving coordinator: its real port, its federation, and its driver thread."""
+
+    server: grpc.Server
+    port: int
+    federation: Federation
+    driver: threading.Thread
+
+
+def build_federation(config: CoordinatorConfig) -> Federation:
+    task = load_task(config.task)
+    model = task.build_model(config.seed)
+    named = list(model.named_parameters())
+    weights = [p.detach().clone().float().contiguous() for _, p in named]
+    return Federation(config, model_spec(named), weights)
+
+
+@contextlib.contextmanager
+def run_server(config: CoordinatorConfig) -> Iterator[Running]:
+    """Serve until the block exits; binds ``config.listen`` (port 0 picks one)."""
+    federation = build_federation(config)
+    assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
+    creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
+    limit = config.max_chunk_bytes + ENVELOPE_BYTES
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_SESSIONS + 8, thread_name_prefix="rpc"),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ],
+        maximum_concurrent_rpcs=MAX_SESSIONS,
+    )
+    pb_grpc.add_FederationServicer_to_server(
+        FederationServicer(federation, PeerAuthenticator(config.crl, config.ca)), server
+    )
+    port = server.add_secure_port(config.listen, creds)
+    if port == 0:
+        raise OSError(f"cannot listen on {config.listen}")
+    server.start()
+    driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
+    driver.start()
+    log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
+    if config.port_file is not None:
+        config.port_file.write_text(f"{port}\n")
+    try:
+        yield Running(server, port, federation, driver)
+    finally:
+        federation.stop()
+        driver.join(timeout=10)
+        server.stop(grace=2).wait()

@@ -1,0 +1,113 @@
+"""The gRPC servicer: thin, translating messages into federation calls and errors into codes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.security import PeerAuthenticator
+from skyfed.coordinator.session import Session
+from skyfed.errors import (
+    BadContributionError,
+    ChecksumError,
+    FederationError,
+    IdentityMismatchError,
+    LateContributionError,
+    ModelMismatchError,
+    OversizedError,
+    ProtocolError,
+    RevokedError,
+    SessionReplacedError,
+)
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto import federation_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# The one place domain errors become gRPC status codes.
+STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
+    ProtocolError: grpc.StatusCode.INVALID_ARGUMENT,
+    BadContributionError: grpc.StatusCode.INVALID_ARGUMENT,
+    OversizedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ChecksumError: grpc.StatusCode.DATA_LOSS,
+    IdentityMismatchError: grpc.StatusCode.PERMISSION_DENIED,
+    ModelMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    RevokedError: grpc.StatusCode.UNAUTHENTICATED,
+    LateContributionError: grpc.StatusCode.ABORTED,
+    SessionReplacedError: grpc.StatusCode.ABORTED,
+}
+
+
+def status_code(error: FederationError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in STATUS_CODES:
+            return STATUS_CODES[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+class FederationServicer(pb_grpc.FederationServicer):
+    def __init__(self, federation: Federation, authenticator: PeerAuthenticator) -> None:
+        self.federation = federation
+        self.auth = authenticator
+
+    def Session(self, request_iterator: Iterator[pb.AgentMessage], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        try:
+            identity = self.auth.identify(context)
+        except RevokedError as exc:
+            log.warning("[Federation.Session] refused peer=%s: %s", context.peer(), exc)
+            context.abort(status_code(exc), str(exc))
+        session = Session(identity, context.peer())
+        log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
+        context.add_callback(lambda: session.close(grpc.StatusCode.CANCELLED, "call ended"))
+        reader = threading.Thread(
+            target=self._read,
+            args=(request_iterator, session),
+            name=f"read-{identity.name}",
+            daemon=True,
+        )
+        reader.start()
+        yield from session.drain()
+        self.federation.leave(session)
+        if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
+            context.abort(session.abort_code, session.abort_message)
+
+    def _read(self, requests: Iterator[pb.AgentMessage], session: Session) -> None:
+        try:
+            for message in requests:
+                session.last_seen = time.monotonic()
+                self._handle(session, message)
+        except FederationError as exc:
+            log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
+            self.federation.leave(session)
+            session.close(status_code(exc), str(exc))
+            return
+        except grpc.RpcError:
+            pass  # the call ended under us (client gone, cancelled)
+        self.federation.leave(session)
+        session.close()
+
+    def _handle(self, session: Session, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "hello":
+            self.federation.join(session, message.hello)
+        elif kind == "contribution":
+            self.federation.begin(session, message.contribution)
+        elif kind == "chunk":
+            self.federation.chunk(session, message.chunk)
+        elif kind == "heartbeat":
+            echo = pb.Heartbeat(sent_ns=time.monotonic_ns(), echo_ns=message.heartbeat.sent_ns)
+            session.send(pb.CoordinatorMessage(heartbeat=echo))
+        else:
+            raise ProtocolError("an empty or unknown message")
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
+        try:
+            self.auth.identify(context)
+        except RevokedError as exc:
+            context.abort(status_code(exc), str(exc))
+        return self.federation.status()

@@ -1,0 +1,157 @@
+"""Cutting encoded payloads into bounded, checksummed chunks, and putting them back.
+
+Both directions use it: agents cut gradients, the coordinator cuts aggregates and weights.
+The assembler checks every chunk before it is used, so a bad chunk raises a domain error
+and nothing half-assembled leaves it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from skyfed.errors import ChecksumError, OversizedError, ProtocolError
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto.serde import ShardCoords, shard_from_chunk, shard_to_proto
+
+DEFAULT_MAX_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """One whole encoded tensor (or shard) payload, reassembled."""
+
+    tensor: int
+    shard: ShardCoords
+    codec: str
+    data: bytes
+
+
+def cut(
+    payload: Payload, *, kind: int, round: int, first_seq: int, max_chunk_bytes: int
+) -> Iterator[pb.Chunk]:
+    """Chunks for one payload, numbered from ``first_seq``; an empty payload is one chunk."""
+    data = payload.data
+    parts = max(1, -(-len(data) // max_chunk_bytes))
+    shard = shard_to_proto(payload.shard)
+    for part in range(parts):
+        piece = data[part * max_chunk_bytes : (part + 1) * max_chunk_bytes]
+        yield pb.Chunk(
+            kind=kind,
+            round=round,
+            tensor=payload.tensor,
+            shard=shard,
+            codec=payload.codec,
+            seq=first_seq + part,
+            part=part,
+            parts=parts,
+            data=piece,
+            crc32=zlib.crc32(piece),
+        )
+
+
+def cut_all(
+    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int
+) -> list[pb.Chunk]:
+    """Chunks for a whole transfer (contribution, aggregate, weights), numbered from 0."""
+    chunks: list[pb.Chunk] = []
+    for payload in payloads:
+        chunks.extend(
+            cut(
+                payload,
+                kind=kind,
+                round=round,
+                first_seq=len(chunks),
+                max_chunk_bytes=max_chunk_bytes,
+            )
+        )
+    return chunks
+
+
+class Assembler:
+    """Validates one stream of chunks (one contribution, aggregate or weights transfer).
+
+    Invariants: sequence numbers run 0, 1, 2, ... with no gap or repeat; the pieces of one
+    payload arrive in order and name the same tensor, shard and codec; no payload grows
+    beyond ``max_payload_bytes(tensor)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: int,
+        round: int,
+        num_tensors: int,
+        max_chunk_bytes: int,
+        max_payload_bytes: list[int],
+    ) -> None:
+        self.kind = kind
+        self.round = round
+        self.num_tensors = num_tensors
+        self.max_chunk_bytes = max_chunk_bytes
+        self.max_payload_bytes = max_payload_bytes
+        self.next_seq = 0
+        self._open: pb.Chunk | None = None
+        self._pieces: list[bytes] = []
+        self._size = 0
+
+    def add(self, chunk: pb.Chunk) -> Payload | None:
+        """Check one chunk; return the payload it completes, if any."""
+        self._check_envelope(chunk)
+        self._check_continuity(chunk)
+        self.next_seq += 1
+        self._pieces.append(chunk.data)
+        self._size += len(chunk.data)
+        if self._size > self.max_payload_bytes[chunk.tensor]:
+            raise OversizedError(
+                f"payload for tensor {chunk.tensor} exceeds {self.max_payload_bytes[chunk.tensor]}"
+                " bytes"
+            )
+        if chunk.part + 1 < chunk.parts:
+            self._open = chunk
+            return None
+        data = b"".join(self._pieces)
+        self._open, self._pieces, self._size = None, [], 0
+        return Payload(chunk.tensor, shard_from_chunk(chunk), chunk.codec, data)
+
+    @property
+    def mid_payload(self) -> bool:
+        return self._open is not None
+
+    def _check_envelope(self, chunk: pb.Chunk) -> None:
+        if chunk.kind != self.kind:
+            raise ProtocolError(f"chunk kind {chunk.kind} where kind {self.kind} was expected")
+        if chunk.round != self.round:
+            raise ProtocolError(f"chunk for round {chunk.round} inside round {self.round}")
+        if len(chunk.data) > self.max_chunk_bytes:
+            raise OversizedError(
+                f"chunk of {len(chunk.data)} bytes exceeds the {self.max_chunk_bytes}-byte bound"
+            )
+        if zlib.crc32(chunk.data) != chunk.crc32:
+            raise ChecksumError(f"chunk seq {chunk.seq} fails its crc32 check")
+        if chunk.seq != self.next_seq:
+            word = "repeats" if chunk.seq < self.next_seq else "skips ahead of"
+            raise ProtocolError(f"chunk seq {chunk.seq} {word} expected seq {self.next_seq}")
+        if chunk.tensor >= self.num_tensors:
+            raise ProtocolError(f"chunk names tensor {chunk.tensor} of {self.num_tensors}")
+        if not 0 <= chunk.part < chunk.parts:
+            raise ProtocolError(f"chunk part {chunk.part} of {chunk.parts} is out of range")
+
+    def _check_continuity(self, chunk: pb.Chunk) -> None:
+        prev = self._open
+        if prev is None:
+            if chunk.part != 0:
+                raise ProtocolError(f"payload starts at part {chunk.part}, not 0")
+            return
+        same = (prev.tensor, prev.codec, prev.parts, shard_from_chunk(prev)) == (
+            chunk.tensor,
+            chunk.codec,
+            chunk.parts,
+            shard_from_chunk(chunk),
+        )
+        if not same or chunk.part != prev.part + 1:
+            raise ProtocolError(
+                f"chunk seq {chunk.seq} interrupts the payload of tensor {prev.tensor} "
+                f"(part {prev.part + 1} of {prev.parts} expected)"
+            )

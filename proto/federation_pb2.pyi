@@ -1,0 +1,264 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "shape", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class Shard(_message.Message):
+    __slots__ = ("dim", "offset", "length")
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    dim: int
+    offset: int
+    length: int
+    def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest")
+    CLOUD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    CODECS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    cloud: str
+    name: str
+    task: str
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    tp: int
+    codecs: _containers.RepeatedScalarFieldContainer[str]
+    last_round: int
+    weights_digest: str
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("round", "weights_follow", "codec", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_KEY_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    weights_follow: bool
+    codec: str
+    max_chunk_bytes: int
+    heartbeat_ms: int
+    identity: str
+    probe_port: int
+    probe_key: bytes
+    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ...) -> None: ...
+
+class Contribution(_message.Message):
+    __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    chunks: int
+    samples: int
+    loss: float
+    train_s: float
+    raw_bytes: int
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., samples: _Optional[int] = ..., loss: _Optional[float] = ..., train_s: _Optional[float] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("kind", "round", "tensor", "shard", "codec", "seq", "part", "parts", "data", "crc32")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        GRADIENT: _ClassVar[Chunk.Kind]
+        AGGREGATE: _ClassVar[Chunk.Kind]
+        WEIGHTS: _ClassVar[Chunk.Kind]
+    GRADIENT: Chunk.Kind
+    AGGREGATE: Chunk.Kind
+    WEIGHTS: Chunk.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    kind: Chunk.Kind
+    round: int
+    tensor: int
+    shard: Shard
+    codec: str
+    seq: int
+    part: int
+    parts: int
+    data: bytes
+    crc32: int
+    def __init__(self, kind: _Optional[_Union[Chunk.Kind, str]] = ..., round: _Optional[int] = ..., tensor: _Optional[int] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., codec: _Optional[str] = ..., seq: _Optional[int] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("round", "accepted", "code", "message")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    accepted: bool
+    code: int
+    message: str
+    def __init__(self, round: _Optional[int] = ..., accepted: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class RoundEnd(_message.Message):
+    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    chunks: int
+    weights_digest: str
+    contributors: int
+    mean_loss: float
+    codec: str
+    final: bool
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class WeightsEnd(_message.Message):
+    __slots__ = ("round", "chunks", "weights_digest")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    chunks: int
+    weights_digest: str
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sent_ns", "echo_ns")
+    SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    ECHO_NS_FIELD_NUMBER: _ClassVar[int]
+    sent_ns: int
+    echo_ns: int
+    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "contribution", "chunk", "heartbeat")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    contribution: Contribution
+    chunk: Chunk
+    heartbeat: Heartbeat
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("welcome", "chunk", "receipt", "round_end", "weights_end", "heartbeat")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_END_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_END_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    chunk: Chunk
+    receipt: Receipt
+    round_end: RoundEnd
+    weights_end: WeightsEnd
+    heartbeat: Heartbeat
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., round_end: _Optional[_Union[RoundEnd, _Mapping]] = ..., weights_end: _Optional[_Union[WeightsEnd, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AgentStatus(_message.Message):
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct")
+    CLOUD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_UP_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_S_FIELD_NUMBER: _ClassVar[int]
+    CODEC_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    LOSS_PCT_FIELD_NUMBER: _ClassVar[int]
+    cloud: str
+    name: str
+    state: str
+    last_round: int
+    codec: str
+    rtt_ms: float
+    bytes_up: int
+    bytes_down: int
+    connected_s: float
+    codec_switches: int
+    refused: int
+    loss_pct: float
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ...) -> None: ...
+
+class RoundStat(_message.Message):
+    __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_UP_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_UP_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
+    DOWNLINK_CODEC_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    duration_s: float
+    train_s: float
+    contributors: int
+    mean_loss: float
+    bytes_up: int
+    bytes_down: int
+    raw_bytes_up: int
+    raw_bytes_down: int
+    downlink_codec: str
+    def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    agents: _containers.RepeatedCompositeFieldContainer[AgentStatus]
+    weights_digest: str
+    uptime_s: float
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundStat]
+    finished: bool
+    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,43 @@
+"""Domain errors of the federation protocol. ``coordinator/service.py`` maps them to gRPC codes."""
+
+from __future__ import annotations
+
+
+class FederationError(Exception):
+    """Base of every error a peer can cause; the message is meant for that peer's operator."""
+
+
+class ProtocolError(FederationError):
+    """A message that is malformed, out of order, duplicated or not expected now."""
+
+
+class OversizedError(FederationError):
+    """A chunk or payload larger than the negotiated bound."""
+
+
+class ChecksumError(FederationError):
+    """A chunk whose data does not match its checksum."""
+
+
+class BadContributionError(FederationError):
+    """A contribution with a wrong shape, non-finite values, an unknown codec or bad payload."""
+
+
+class IdentityMismatchError(FederationError):
+    """A hello whose claimed cloud or name disagrees with the certificate."""
+
+
+class ModelMismatchError(FederationError):
+    """A hello whose model fingerprint differs from the federation's."""
+
+
+class RevokedError(FederationError):
+    """A peer whose certificate is on the CRL or carries no valid identity."""
+
+
+class LateContributionError(FederationError):
+    """A contribution for a round that is already closed."""
+
+
+class SessionReplacedError(FederationError):
+    """A newer session of the same identity took over this one."""
