@@ -29,15 +29,18 @@ class Codec(ABC):
         """Encode ``x`` (float32, any shape) into a framed payload."""
 
     @abstractmethod
-    def decode(self, payload: bytes) -> torch.Tensor:
+    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode a payload made by :meth:`encode` into a float32 tensor of its shape.
 
-        Raises :class:`PayloadError` for anything that is not such a payload.
+        Everything needed to decode is in the payload, never in this object's parameters.
+        ``out``, when given, is a float32 contiguous tensor the result is written into (and
+        returned); its shape is the shape the caller expects. Raises :class:`PayloadError`
+        for anything that is not such a payload, or that does not have ``out``'s shape.
         """
 
-    def encode_with_feedback(self, g: torch.Tensor, residual: torch.Tensor | None) -> tuple[
-        bytes, torch.Tensor
-    ]:
+    def encode_with_feedback(
+        self, g: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[bytes, torch.Tensor]:
         """Error feedback: ``p = g + e; c = C(p); e' = p - D(c)``. Returns ``(c, e')``.
 
         Codecs override this when they can form ``e'`` cheaper than a full decode.
@@ -52,3 +55,19 @@ class Codec(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def output_tensor(shape: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
+    """The tensor a decoder writes into: ``out`` after checking it, else a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32)
+    if out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor, not {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise PayloadError(f"payload has shape {shape}, expected {tuple(out.shape)}")
+    return out
+
+
+def as_flat_f32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a contiguous 1-D float32 tensor, without a copy where it already is one."""
+    return x.detach().to(torch.float32).contiguous().reshape(-1)

@@ -42,7 +42,9 @@ class ErrorFeedback:
         return total**0.5
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.residuals)
+        """Copies of the residuals (a checkpoint must not change as training goes on)."""
+        return {k: v.clone() for k, v in self.residuals.items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace every residual by a copy of ``state``'s."""
         self.residuals = {k: v.clone() for k, v in state.items()}

@@ -1,54 +1,106 @@
-"""Element-wise float codecs: FP32 passthrough, FP16 (overflow-safe) and BF16."""
+"""Element-wise float codecs: FP32 passthrough, FP16 (range-scaled) and BF16."""
 
 from __future__ import annotations
 
+import math
 import struct
+import threading
+import warnings
 
+import numpy as np
 import torch
 
 from skyfed.compression import frame
-from skyfed.compression.base import Codec, PayloadError
+from skyfed.compression.base import Codec, PayloadError, as_flat_f32, output_tensor
 
 _FP16_MAX = 65504.0
+# FP16 peak after scaling lands in [2**14, 2**15): no overflow, and small gradients keep
+# their precision instead of flushing into subnormals.
+_FP16_PEAK_EXP = 14
+_FP16_SCALE_EXP_LIMIT = 126  # keeps both s and 1/s finite float32 numbers
 _SCALE = struct.Struct("<f")
+_NUMPY_DTYPE = {torch.float32: np.float32, torch.float16: np.float16}
 
 
 class _ElementwiseCodec(Codec):
-    """Casts every element to ``wire_dtype``; subclasses add scaling where needed."""
+    """Casts every element to ``wire_dtype``: ``c = cast(x / s)``, ``D(c) = s * c``.
+
+    ``s`` is a power of two (so scaling adds no rounding) chosen by subclasses; the
+    conversion goes into a per-thread buffer reused across calls, and the frame is joined
+    with one copy.
+    """
 
     wire_dtype: torch.dtype
 
-    def encode(self, x: torch.Tensor) -> bytes:
-        x = x.detach().to(torch.float32).contiguous()
-        scale = self._scale_for(x)
-        wire = (x if scale == 1.0 else x / scale).to(self.wire_dtype)
-        body = wire.reshape(-1).view(torch.uint8).numpy().tobytes()
-        return frame.pack(self.wire_id, tuple(x.shape), _SCALE.pack(scale), body, zstd=False)
+    def __init__(self) -> None:
+        self._local = threading.local()
 
-    def decode(self, payload: bytes) -> torch.Tensor:
+    def encode(self, x: torch.Tensor) -> bytes:
+        flat = as_flat_f32(x)
+        scale = self._scale_for(flat)
+        wire = self._wire_buffer(flat.numel())
+        if scale == 1.0:
+            wire.copy_(flat)
+        else:
+            torch.mul(flat, 1.0 / scale, out=wire)
+        body = memoryview(wire.view(torch.uint8).numpy())
+        return frame.pack(self.wire_id, tuple(x.shape), _SCALE.pack(scale), body)
+
+    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
         f = frame.unpack(payload, max_body=0)
         if f.codec != self.wire_id:
             raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
         if len(f.params) != _SCALE.size:
             raise PayloadError(f"{self.name} payload has {len(f.params)} parameter bytes")
         (scale,) = _SCALE.unpack(f.params)
-        itemsize = torch.empty(0, dtype=self.wire_dtype).element_size()
+        if not (math.isfinite(scale) and scale > 0.0):
+            raise PayloadError(f"{self.name} payload has scale {scale}")
+        itemsize = self.wire_dtype.itemsize
         if len(f.body) != f.numel * itemsize:
             raise PayloadError(
                 f"{self.name} body is {len(f.body)} bytes, shape {f.shape} needs "
                 f"{f.numel * itemsize}"
             )
-        flat = torch.frombuffer(bytearray(f.body), dtype=self.wire_dtype) if f.body else (
-            torch.empty(0, dtype=self.wire_dtype)
-        )
-        out = flat.to(torch.float32).reshape(f.shape)
-        return out if scale == 1.0 else out * scale
+        result = output_tensor(f.shape, out)
+        result.view(-1).copy_(self._wire_view(f.body))
+        return result if scale == 1.0 else result.mul_(scale)
 
-    def _scale_for(self, x: torch.Tensor) -> float:
+    def _wire_view(self, body: memoryview) -> torch.Tensor:
+        """The body as a read-only 1-D tensor of ``wire_dtype`` (no copy)."""
+        if self.wire_dtype == torch.bfloat16:
+            return readonly_tensor(np.frombuffer(body, dtype=np.int16)).view(torch.bfloat16)
+        return readonly_tensor(np.frombuffer(body, dtype=_NUMPY_DTYPE[self.wire_dtype]))
+
+    def _wire_buffer(self, numel: int) -> torch.Tensor:
+        buf = getattr(self._local, "wire", None)
+        if buf is None or buf.numel() != numel:
+            buf = self._local.wire = torch.empty(numel, dtype=self.wire_dtype)
+        return buf
+
+    def _scale_for(self, flat: torch.Tensor) -> float:
         return 1.0
 
     def estimate_ratio(self, numel: int) -> float:
-        return 4.0 / torch.empty(0, dtype=self.wire_dtype).element_size()
+        return 4.0 / self.wire_dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def readonly_tensor(array: np.ndarray) -> torch.Tensor:
+    """Wrap a numpy array over a read-only payload without a copy; decoders only read it."""
+    return torch.from_numpy(array)
+
+
+def _consume_readonly_warning() -> None:
+    """torch warns once per process when it wraps a read-only array; decoders always do,
+    and only ever read from it, so spend that one warning here, silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.from_numpy(np.frombuffer(b"\0\0\0\0", dtype=np.float32))
+
+
+_consume_readonly_warning()
 
 
 class Fp32(_ElementwiseCodec):
@@ -61,24 +113,26 @@ class Fp32(_ElementwiseCodec):
 
 
 class Fp16(_ElementwiseCodec):
-    """IEEE half precision. A tensor whose largest magnitude would overflow FP16 is divided
-    by a power-of-two scale first (exact, so no extra rounding); the scale is in the frame.
+    """IEEE half precision with a power-of-two range scale ``s`` per tensor.
+
+    ``s = 2**(floor(log2(max|x|)) - 14)``, so ``max|x / s|`` lies in ``[2**14, 2**15)``:
+    large gradients never overflow FP16 and small ones keep 11 bits of precision instead
+    of flushing to subnormals. Dividing by a power of two is exact; ``s`` is in the frame.
+    A tensor holding inf or NaN is sent unscaled (the receiver's validation refuses it).
     """
 
     name = "fp16"
     wire_id = 1
     wire_dtype = torch.float16
 
-    def _scale_for(self, x: torch.Tensor) -> float:
-        if x.numel() == 0:
+    def _scale_for(self, flat: torch.Tensor) -> float:
+        if flat.numel() == 0:
             return 1.0
-        peak = float(x.abs().max())
-        if peak <= _FP16_MAX or not torch.isfinite(torch.tensor(peak)):
+        peak = max(float(flat.amax()), -float(flat.amin()))
+        if not math.isfinite(peak) or peak == 0.0:
             return 1.0
-        exponent = 0
-        while peak / (2.0**exponent) > _FP16_MAX:
-            exponent += 1
-        return 2.0**exponent
+        exponent = math.frexp(peak)[1] - 1 - _FP16_PEAK_EXP
+        return math.ldexp(1.0, min(max(exponent, -_FP16_SCALE_EXP_LIMIT), _FP16_SCALE_EXP_LIMIT))
 
 
 class Bf16(_ElementwiseCodec):

@@ -6,10 +6,14 @@ import torch
 
 from skyfed.compression import frame
 from skyfed.compression.base import Codec, PayloadError
+from skyfed.compression.ecsgd import EcSgd
 from skyfed.compression.fp import Bf16, Fp16, Fp32
+from skyfed.compression.topk import TopK
 
-_CODECS: dict[str, type[Codec]] = {c.name: c for c in (Fp32, Fp16, Bf16)}
+_CODECS: dict[str, type[Codec]] = {c.name: c for c in (Fp32, Fp16, Bf16, TopK, EcSgd)}
 _BY_WIRE_ID: dict[int, type[Codec]] = {c.wire_id: c for c in _CODECS.values()}
+# Decoding reads every parameter from the frame, so one default instance per codec serves.
+_DECODERS: dict[int, Codec] = {wire_id: cls() for wire_id, cls in _BY_WIRE_ID.items()}
 
 
 def codec_names() -> list[str]:
@@ -36,6 +40,7 @@ def payload_codec(payload: bytes) -> str:
         raise PayloadError(f"payload names unknown codec id {payload[5]}") from None
 
 
-def decode_payload(payload: bytes) -> torch.Tensor:
-    """Decode any payload by the codec its frame names."""
-    return make_codec(payload_codec(payload)).decode(payload)
+def decode_payload(payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode any payload by the codec its frame names (into ``out`` when given)."""
+    payload_codec(payload)
+    return _DECODERS[payload[5]].decode(payload, out)
