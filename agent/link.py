@@ -89,8 +89,6 @@ class Link:
         if isinstance(item, _End):
             self._inbox.put(item)  # stay closed for later calls
             raise LinkClosed(item.code, item.details)
-        if item.HasField("heartbeat") and item.heartbeat.echo_ns:
-            self.rtt_ms = (time.monotonic_ns() - item.heartbeat.echo_ns) / 1e6
         return item
 
     def close(self) -> None:
@@ -108,6 +106,11 @@ class Link:
     def _read(self) -> None:
         try:
             for message in self._call:
+                if message.HasField("heartbeat"):
+                    # Timed here, on arrival, not when the training loop gets to it.
+                    if message.heartbeat.echo_ns:
+                        self.rtt_ms = (time.monotonic_ns() - message.heartbeat.echo_ns) / 1e6
+                    continue
                 self._inbox.put(message)
             self._inbox.put(_End(grpc.StatusCode.OK, "the coordinator ended the session"))
         except grpc.RpcError as exc:
@@ -115,4 +118,5 @@ class Link:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            self._outbox.put(pb.AgentMessage(heartbeat=pb.Heartbeat(sent_ns=time.monotonic_ns())))
+            beat = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=self.rtt_ms)
+            self._outbox.put(pb.AgentMessage(heartbeat=beat))

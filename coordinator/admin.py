@@ -25,7 +25,8 @@ def fetch_status(address: str, certs: Path, name: str, timeout_s: float = 5.0) -
 def agents_table(reply: pb.StatusReply) -> Table:
     table = Table(title=f"round {reply.round}  weights {reply.weights_digest[:12]}")
     for col in ("agent", "state", "codec", "last round", "rtt ms", "up MB", "down MB", "refused"):
-        table.add_column(col, justify="right" if col not in ("agent", "state", "codec") else "left")
+        left = col in ("agent", "state", "codec")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
     for a in reply.agents:
         table.add_row(
             f"{a.cloud}/{a.name}",

@@ -43,6 +43,9 @@ def main() -> None:
 @click.option("--codec", help="Link codec: fp32, fp16, bf16, topk, ecsgd.")
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
 @click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
+@click.option(
+    "--status-file", type=click.Path(path_type=Path), help="Status JSON, rewritten each round."
+)
 @click.option("--log-level", default=None)
 def serve(config_path: Path | None, log_level: str | None, **flags: object) -> None:
     """Serve the federation until its rounds are done or SIGTERM/SIGINT."""

@@ -51,6 +51,8 @@ class CoordinatorConfig:
     """An agent silent (no message at all) this long is dropped from the round."""
     port_file: Path | None = None
     """Write the bound port here once serving (for port 0)."""
+    status_file: Path | None = None
+    """Rewrite the status (as JSON) here after every round and at exit."""
 
     def __post_init__(self) -> None:
         _require(self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")

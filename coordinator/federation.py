@@ -11,6 +11,7 @@ applies the same bytes, and no acknowledged round is ever lost.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 import torch
+from google.protobuf import json_format
 
 from skyfed.compression import make_codec
 from skyfed.coordinator import checkpoint
@@ -337,6 +339,7 @@ class Federation:
         self._checkpoint()
         self._broadcast(payloads, contributors, final)
         self._record_round(codec_name, contributors, payloads)
+        self.write_status()
         self.round += 1
         self.finished = final
         self.aggregate = RoundAggregate(self.spec)
@@ -512,3 +515,14 @@ class Federation:
                 rounds=rounds,
                 finished=self.finished,
             )
+
+    def write_status(self) -> None:
+        """Status as JSON, atomically, for operators' scripts and the demo's summary."""
+        path = self.config.status_file
+        if path is None:
+            return
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(
+            json_format.MessageToJson(self.status(), always_print_fields_with_no_presence=True)
+        )
+        os.replace(tmp, path)

@@ -81,3 +81,4 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         federation.stop()
         driver.join(timeout=10)
         server.stop(grace=2).wait()
+        federation.write_status()

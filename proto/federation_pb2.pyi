@@ -156,12 +156,14 @@ class WeightsEnd(_message.Message):
     def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_ns", "echo_ns")
+    __slots__ = ("sent_ns", "echo_ns", "rtt_ms")
     SENT_NS_FIELD_NUMBER: _ClassVar[int]
     ECHO_NS_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
     sent_ns: int
     echo_ns: int
-    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ...) -> None: ...
+    rtt_ms: float
+    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "contribution", "chunk", "heartbeat")

@@ -1,0 +1,3 @@
+from skyfed.agent.cli import main
+
+main()

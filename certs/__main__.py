@@ -1,0 +1,3 @@
+from skyfed.certs.cli import main
+
+main()

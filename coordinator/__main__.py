@@ -1,0 +1,3 @@
+from skyfed.coordinator.cli import main
+
+main()

@@ -1,0 +1,47 @@
+"""``skyfed``: the umbrella command (the demo, the network lab)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from skyfed.logs import setup_logging
+
+
+@click.group()
+def main() -> None:
+    """skyfed: train one PyTorch model across several clouds."""
+
+
+@main.command()
+@click.option("--rounds", type=int, default=30, show_default=True)
+@click.option("--local-steps", type=int, default=4, show_default=True)
+@click.option("--codec", default="fp16", show_default=True, help="fp32, fp16, bf16, topk, ecsgd")
+@click.option(
+    "--workdir", type=click.Path(path_type=Path), help="Keep certs, logs and reports here."
+)
+def demo(rounds: int, local_steps: int, codec: str, workdir: Path | None) -> None:
+    """A coordinator and three agents (aws, gcp, azure) on this host, over real mTLS."""
+    from skyfed.demo import DemoConfig, run_demo, summary_table
+
+    setup_logging("WARNING")
+    console = Console()
+    try:
+        config = DemoConfig(rounds=rounds, local_steps=local_steps, codec=codec, workdir=workdir)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    result = run_demo(config, console)
+    console.print(summary_table(result))
+    if not result.identical:
+        sys.exit(1)
+
+
+try:  # the lab is Linux-only; the rest of the CLI works without it
+    from skyfed.lab.cli import lab
+
+    main.add_command(lab)
+except ImportError:  # pragma: no cover
+    pass
