@@ -18,6 +18,8 @@ _MAX_BLOCK = 1 << 20
 _PARAMS = struct.Struct("<BxxxI")
 # Stochastic rounding draws one random byte per element: u = (r + 1/2) / 256.
 _DITHER_LEVELS = 256
+# Larger scales would overflow float32 in D(q) = s * (2 q / (L - 1) - 1) as computed.
+MAX_SCALE = 1e38
 
 
 class EcSgd(Codec):
@@ -67,6 +69,8 @@ class EcSgd(Codec):
         """The payload, the codes ``(nb * B,)`` uint8 and the scales ``(nb,)``."""
         blocks = _padded_blocks(flat, self.block)  # (nb, B)
         scales_nb = _block_scales(blocks, self.bits, flat.numel())
+        if scales_nb.numel() and not float(scales_nb.max()) <= MAX_SCALE:
+            raise ValueError(f"ecsgd input holds inf, NaN or magnitudes above {MAX_SCALE}")
         if self.bits == 1:
             codes = (blocks >= 0).view(torch.uint8).view(-1)
         else:
@@ -109,8 +113,8 @@ class EcSgd(Codec):
                 f"{scale_bytes + code_bytes}"
             )
         scales_nb = readonly_tensor(np.frombuffer(f.body[:scale_bytes], dtype=np.float32))
-        if nb and not (torch.isfinite(scales_nb).all() and (scales_nb >= 0).all()):
-            raise PayloadError("ecsgd payload has a negative or non-finite scale")
+        if nb and not (scales_nb.min() >= 0 and scales_nb.max() <= MAX_SCALE):
+            raise PayloadError(f"ecsgd payload has a scale outside [0, {MAX_SCALE}]")
         packed = readonly_tensor(np.frombuffer(f.body[scale_bytes:], dtype=np.uint8))
         codes = _unpack_codes(packed, bits)
         result = output_tensor(f.shape, out)

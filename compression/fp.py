@@ -128,11 +128,15 @@ class Fp16(_ElementwiseCodec):
     def _scale_for(self, flat: torch.Tensor) -> float:
         if flat.numel() == 0:
             return 1.0
-        peak = max(float(flat.amax()), -float(flat.amin()))
-        if not math.isfinite(peak) or peak == 0.0:
-            return 1.0
-        exponent = math.frexp(peak)[1] - 1 - _FP16_PEAK_EXP
-        return math.ldexp(1.0, min(max(exponent, -_FP16_SCALE_EXP_LIMIT), _FP16_SCALE_EXP_LIMIT))
+        return fp16_scale(max(float(flat.amax()), -float(flat.amin())))
+
+
+def fp16_scale(peak: float) -> float:
+    """The power of two that maps a largest magnitude ``peak`` into ``[2**14, 2**15)``."""
+    if not math.isfinite(peak) or peak == 0.0:
+        return 1.0
+    exponent = math.frexp(peak)[1] - 1 - _FP16_PEAK_EXP
+    return math.ldexp(1.0, min(max(exponent, -_FP16_SCALE_EXP_LIMIT), _FP16_SCALE_EXP_LIMIT))
 
 
 class Bf16(_ElementwiseCodec):

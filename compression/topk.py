@@ -11,7 +11,7 @@ import torch
 
 from skyfed.compression import frame, packing
 from skyfed.compression.base import Codec, PayloadError, as_flat_f32, output_tensor
-from skyfed.compression.fp import readonly_tensor
+from skyfed.compression.fp import fp16_scale, readonly_tensor
 from skyfed.compression.select import TopKSelector
 
 # The sparsest payload a decoder accepts: it never allocates more than this many dense
@@ -27,11 +27,12 @@ class TopK(Codec):
     """Keep the ``k = max(1, round(density * n))`` largest magnitudes of ``p``.
 
     ``c = (I, q, s)`` with ``I`` the kept indices, ``q = round(p_I / s)`` in INT8 and
-    ``s = max|p_I| / 127`` (or ``q = fp16(p_I)``, ``s = 1``); ``D(c) = s * q`` at ``I``,
-    zero elsewhere. With error feedback ``e' = p - D(c)`` keeps both what was not selected
-    and the values' rounding error. Selection is a sampled threshold (Lin et al. 2018, Deep
-    Gradient Compression) refined to the exact top-k set; indices travel as delta varints
-    or a bitmap, whichever is smaller, zstd-compressed when that is smaller still.
+    ``s = max|p_I| / 127`` (or ``q = fp16(p_I / s)`` with FP16's power-of-two ``s``);
+    ``D(c) = s * q`` at ``I``, zero elsewhere. With error feedback ``e' = p - D(c)``
+    keeps both what was not selected and the values' rounding error. Selection is a
+    sampled threshold (Lin et al. 2018, Deep Gradient Compression) refined to the exact
+    top-k set; indices travel as delta varints or a bitmap, whichever is smaller,
+    zstd-compressed when that is smaller still.
     """
 
     name = "topk"
@@ -76,12 +77,17 @@ class TopK(Codec):
 
     def _quantize(self, kept_k: torch.Tensor) -> tuple[memoryview, float, torch.Tensor]:
         """Wire bytes of the kept values, their scale, and the values they decode to."""
-        if self.values == "fp16":
-            wire = kept_k.to(torch.float16)
-            return memoryview(wire.view(torch.uint8).numpy()), 1.0, wire.to(torch.float32)
         peak = float(kept_k.abs().max()) if kept_k.numel() else 0.0
         if not math.isfinite(peak):
             raise ValueError("top-k input holds inf or NaN among its largest elements")
+        if self.values == "fp16":
+            scale = np.float32(fp16_scale(peak))
+            wire = (kept_k / float(scale)).to(torch.float16)
+            return (
+                memoryview(wire.view(torch.uint8).numpy()),
+                float(scale),
+                _dequantize(wire, scale),
+            )
         scale = np.float32(peak / 127.0)
         q = torch.round(kept_k / float(scale)) if scale > 0 else torch.zeros_like(kept_k)
         q = q.clamp_(-127, 127).to(torch.int8)
@@ -120,7 +126,7 @@ class TopK(Codec):
 
 
 def _dequantize(q_k: torch.Tensor, scale: np.float32) -> torch.Tensor:
-    """The one definition of ``D`` for INT8 values, shared by encoder and decoder."""
+    """The one definition of ``D`` for the values (INT8 or FP16), shared by both ends."""
     return q_k.to(torch.float32).mul_(float(scale))
 
 
@@ -159,7 +165,7 @@ def _decode_values(body: memoryview, kind: int, k: int, scale: np.float32) -> to
         return torch.zeros(0)
     if kind == 0:
         return _dequantize(readonly_tensor(np.frombuffer(body, dtype=np.int8)), scale)
-    values_k = readonly_tensor(np.frombuffer(body, dtype=np.float16)).to(torch.float32)
+    values_k = _dequantize(readonly_tensor(np.frombuffer(body, dtype=np.float16)), scale)
     if not torch.isfinite(values_k).all():
         raise PayloadError("topk payload holds non-finite values")
     return values_k

@@ -1,0 +1,132 @@
+"""Every codec round-trips any shape within its error bound, deterministically."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skyfed.compression import codec_names, decode_payload, make_codec, payload_codec
+from skyfed.compression.fp import Fp16
+
+CODECS = [
+    ("fp32", {}),
+    ("fp16", {}),
+    ("bf16", {}),
+    ("topk", {"density": 0.01}),
+    ("topk", {"density": 0.3, "values": "fp16"}),
+    ("ecsgd", {"bits": 1}),
+    ("ecsgd", {"bits": 2, "block": 64}),
+    ("ecsgd", {"bits": 4, "seed": 1}),
+]
+shapes = st.lists(st.integers(0, 40), min_size=0, max_size=3).map(tuple)
+magnitudes = st.sampled_from([0.0, 1e-30, 1e-6, 1.0, 1e4, 1e30])
+
+
+def _tensor(shape: tuple[int, ...], magnitude: float, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen) * magnitude
+
+
+def test_every_named_codec_is_registered() -> None:
+    assert codec_names() == ["fp32", "fp16", "bf16", "topk", "ecsgd"]
+
+
+@pytest.mark.parametrize(("name", "params"), CODECS)
+@settings(max_examples=25, deadline=None)
+@given(shape=shapes, magnitude=magnitudes, seed=st.integers(0, 2**16))
+def test_round_trip_keeps_shape_and_error_bound(
+    name: str, params: dict, shape: tuple[int, ...], magnitude: float, seed: int
+) -> None:
+    codec = make_codec(name, **params)
+    x = _tensor(shape, magnitude, seed)
+    payload = codec.encode(x)
+    y = decode_payload(payload)
+    assert payload_codec(payload) == name
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert torch.isfinite(y).all()
+    if x.numel():
+        assert _error(x, y) <= _bound(name, params, x)
+
+
+def _error(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float((x.double() - y.double()).norm())
+
+
+def _bound(name: str, params: dict, x: torch.Tensor) -> float:
+    """Per codec: how far ``D(C(x))`` may be from ``x`` in L2."""
+    norm = float(x.double().norm())
+    peak = float(x.abs().max())
+    tiny = 1e-37 * math.sqrt(x.numel())  # below FP32/FP16 normal range: flushes allowed
+    if name == "fp32":
+        return 0.0
+    if name in ("fp16", "bf16"):
+        return norm * (2**-10 if name == "fp16" else 2**-7) + tiny
+    if name == "topk":
+        # Dropped elements are the smallest: at most sqrt(n - k) * (k-th magnitude), plus
+        # the value rounding (INT8: half a step of peak / 127 per kept element).
+        return norm + peak * math.sqrt(x.numel()) / 254 + tiny
+    return norm * 2 + peak * math.sqrt(x.numel()) + tiny  # quantization noise of one step
+
+
+@pytest.mark.parametrize(("name", "params"), CODECS)
+def test_decode_is_deterministic_and_ignores_decoder_parameters(name: str, params: dict) -> None:
+    x = _tensor((3, 1000), 1.0, 0)
+    payload = make_codec(name, **params).encode(x)
+    other = make_codec(name)  # default parameters
+    first = decode_payload(payload)
+    assert torch.equal(first, other.decode(payload))
+    assert torch.equal(first, decode_payload(payload, out=torch.empty(3, 1000)))
+
+
+def test_topk_keeps_the_exact_values_that_fp16_can_carry() -> None:
+    x = torch.zeros(1000)
+    x[[3, 500, 999]] = torch.tensor([1.5, -2.0, 0.25])
+    y = decode_payload(make_codec("topk", density=0.003, values="fp16").encode(x))
+    assert torch.equal(x, y)
+
+
+def test_fp16_large_gradients_are_scaled_not_overflowed() -> None:
+    x = torch.tensor([1e6, -3e9, 1.0, 0.0])
+    y = decode_payload(Fp16().encode(x))
+    assert torch.isfinite(y).all()
+    assert torch.allclose(y, x, rtol=2**-10, atol=3e9 * 2**-11)
+
+
+def test_fp16_tiny_gradients_keep_their_precision() -> None:
+    x = torch.randn(1000) * 1e-8  # mostly below FP16's normal range without scaling
+    y = decode_payload(Fp16().encode(x))
+    assert _error(x, y) <= float(x.norm()) * 2**-10
+
+
+def test_ecsgd_two_and_four_bit_rounding_is_unbiased() -> None:
+    x = _tensor((4096,), 1.0, 3)
+    for bits in (2, 4):
+        codec = make_codec("ecsgd", bits=bits, block=256, seed=7)
+        mean = torch.stack([codec.decode(codec.encode(x)) for _ in range(400)]).mean(0)
+        step = 2 * float(x.abs().max()) / (2**bits - 1)
+        assert float((mean - x).abs().mean()) < step * 0.05
+
+
+def test_ecsgd_seed_makes_encoding_reproducible() -> None:
+    x = _tensor((5000,), 1.0, 4)
+    a = make_codec("ecsgd", bits=2, seed=11).encode(x)
+    b = make_codec("ecsgd", bits=2, seed=11).encode(x)
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "floor"),
+    [
+        ("topk", {"density": 0.01}, 100.0),
+        ("ecsgd", {"bits": 2}, 15.0),
+        ("ecsgd", {"bits": 1}, 30.0),
+    ],
+)
+def test_wire_ratio_meets_its_floor(name: str, params: dict, floor: float) -> None:
+    x = _tensor((1 << 20,), 1.0, 5)
+    payload = make_codec(name, **params).encode(x)
+    assert 4 * x.numel() / len(payload) >= floor

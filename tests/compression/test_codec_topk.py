@@ -1,0 +1,71 @@
+"""Top-k selection returns exactly k elements, the same set torch.topk returns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skyfed.compression import decode_payload, make_codec
+from skyfed.compression.select import TopKSelector
+
+
+def _topk_set(x: torch.Tensor, k: int) -> set[int]:
+    return set(torch.topk(x.abs(), k).indices.tolist())
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(1, 300_000),
+    density=st.sampled_from([1e-4, 1e-3, 0.01, 0.05, 0.3, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_selection_is_exactly_the_topk_set(n: int, density: float, seed: int) -> None:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed))  # distinct values
+    k = max(1, round(density * n))
+    idx = TopKSelector().select(x, k)
+    assert len(idx) == k
+    assert torch.all(idx[1:] > idx[:-1])
+    assert set(idx.tolist()) == _topk_set(x, k)
+
+
+@pytest.mark.parametrize("n", [200_000, 2_000_000])
+def test_selection_on_large_skewed_tensors(n: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen) ** 3  # heavy tails
+    x[: n // 2] *= 1e-3  # structured: the first half is small
+    k = n // 100
+    idx = TopKSelector().select(x, k)
+    assert set(idx.tolist()) == _topk_set(x, k)
+
+
+def test_mostly_zero_tensor_still_sends_exactly_k() -> None:
+    x = torch.zeros(500_000)
+    x[::50_000] = 1.0  # 10 non-zeros, k = 5000
+    codec = make_codec("topk", density=0.01)
+    y = decode_payload(codec.encode(x))
+    assert torch.equal(y, x)
+
+
+def test_ties_give_exactly_k() -> None:
+    x = torch.ones(300_000)
+    idx = TopKSelector().select(x, 3000)
+    assert len(idx) == 3000 and len(set(idx.tolist())) == 3000
+
+
+def test_selection_reuses_buffers_across_sizes() -> None:
+    selector = TopKSelector()
+    for n in (100_000, 200_000, 100_000):
+        x = torch.randn(n)
+        assert set(selector.select(x, 100).tolist()) == _topk_set(x, 100)
+
+
+@pytest.mark.parametrize("density", [1e-3, 0.05, 0.2, 0.6])
+def test_dense_and_sparse_index_encodings_round_trip(density: float) -> None:
+    x = torch.randn(100_000)
+    codec = make_codec("topk", density=density, values="fp16")
+    y = decode_payload(codec.encode(x))
+    kept = y != 0
+    assert int(kept.sum()) == codec.k_for(x.numel())
+    assert torch.allclose(y[kept], x[kept], rtol=2**-10)

@@ -1,0 +1,89 @@
+"""Error feedback: what was sent plus the residual is what was fed in, over many steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from skyfed.compression import ErrorFeedback, decode_payload, make_codec
+from skyfed.compression.schedule import DensityWarmup
+
+LOSSY = [
+    ("fp16", {}),
+    ("bf16", {}),
+    ("topk", {"density": 0.01}),
+    ("topk", {"density": 0.05, "values": "fp16"}),
+    ("ecsgd", {"bits": 1}),
+    ("ecsgd", {"bits": 2, "seed": 0}),
+    ("ecsgd", {"bits": 4, "seed": 0}),
+]
+
+
+def _run(ef: ErrorFeedback, codecs: list, steps: int, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(0)
+    fed = torch.zeros(shape, dtype=torch.float64)
+    sent = torch.zeros(shape, dtype=torch.float64)
+    for step in range(steps):
+        g = torch.randn(shape, generator=gen)
+        fed += g
+        payload, _ = ef.encode("w", codecs[step % len(codecs)], g)
+        sent += decode_payload(payload)
+        residual = ef.residuals["w"].double()
+        assert torch.allclose(sent + residual, fed, atol=1e-4 * (step + 1) ** 0.5)
+
+
+@pytest.mark.parametrize(("name", "params"), LOSSY)
+def test_sent_plus_residual_equals_fed_over_many_steps(name: str, params: dict) -> None:
+    _run(ErrorFeedback(), [make_codec(name, **params)], 60, (50, 40))
+
+
+def test_invariant_holds_across_codec_switches() -> None:
+    codecs = [make_codec(n, **p) for n, p in LOSSY]
+    _run(ErrorFeedback(), codecs, 70, (3, 777))
+
+
+def test_topk_residual_keeps_what_was_not_sent_so_it_is_sent_later() -> None:
+    ef, codec = ErrorFeedback(), make_codec("topk", density=0.1)
+    g = torch.randn(1000)
+    total = torch.zeros(1000)
+    total += decode_payload(ef.encode("w", codec, g)[0])
+    for _ in range(40):
+        total += decode_payload(ef.encode("w", codec, torch.zeros(1000))[0])
+    assert torch.allclose(total, g, atol=1e-2)
+
+
+def test_a_refused_contribution_is_restored_not_lost() -> None:
+    ef, codec = ErrorFeedback(), make_codec("topk", density=0.01)
+    g1, g2 = torch.randn(500), torch.randn(500)
+    _, p = ef.encode("w", codec, g1)
+    ef.restore("w", p)  # the round closed before the payload arrived
+    payload, _ = ef.encode("w", codec, g2)
+    assert torch.allclose(decode_payload(payload) + ef.residuals["w"], g1 + g2, atol=1e-5)
+
+
+def test_encode_does_not_modify_the_gradient() -> None:
+    for name, params in LOSSY:
+        g = torch.randn(2000)
+        before = g.clone()
+        ErrorFeedback().encode("w", make_codec(name, **params), g)
+        assert torch.equal(g, before), name
+
+
+def test_state_dict_is_a_snapshot_that_reloads() -> None:
+    ef, codec = ErrorFeedback(), make_codec("ecsgd", bits=2, seed=0)
+    ef.encode("w", codec, torch.randn(100))
+    state = ef.state_dict()
+    ef.encode("w", codec, torch.randn(100))
+    assert not torch.equal(state["w"], ef.residuals["w"])
+    other = ErrorFeedback()
+    other.load_state_dict(state)
+    assert torch.equal(other.residuals["w"], state["w"])
+
+
+def test_density_warmup_falls_geometrically_to_the_final_density() -> None:
+    warmup = DensityWarmup(final=0.001, start=0.25, steps=4)
+    densities = [warmup.density(t) for t in range(6)]
+    assert densities[0] == 0.25 and densities[4:] == [0.001, 0.001]
+    assert all(a > b for a, b in zip(densities, densities[1:4], strict=False))
+    with pytest.raises(ValueError, match="final"):
+        DensityWarmup(final=0.0)
