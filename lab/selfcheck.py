@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from skyfed.lab.netns import LabError, Namespace
+from skyfed.lab.profiles import LinkProfile
 from skyfed.lab.topology import COORDINATOR, Lab
 
 logger = logging.getLogger(__name__)
@@ -108,11 +109,18 @@ def check_lab(lab: Lab, settings: CheckSettings | None = None) -> list[LinkRepor
     return reports
 
 
-def measure_link(lab: Lab, agent: str, settings: CheckSettings | None = None) -> LinkReport:
-    """Measure ``agent``'s link against its current profile (no exception on mismatch)."""
+def measure_link(
+    lab: Lab,
+    agent: str,
+    settings: CheckSettings | None = None,
+    *,
+    expected: LinkProfile | None = None,
+) -> LinkReport:
+    """Measure ``agent``'s link against ``expected`` (default: the profile it was given);
+    a mismatch is reported in ``problems``, not raised."""
     s = settings or CheckSettings()
     link = lab.link(agent)
-    p = link.profile
+    p = expected or link.profile
     report = LinkReport(
         agent=agent,
         profile=p.name,

@@ -108,6 +108,8 @@ class Lab:
     _closed: bool = False
 
     def __enter__(self) -> Lab:
+        if self.hosts or self._closed:
+            raise LabError(f"lab {self.prefix} was already built; make a new Lab")
         atexit.register(self.close)
         try:
             self._build()
