@@ -196,6 +196,8 @@ class Federation:
                 )
             if header.chunks < 1 or header.chunks > 1 << 24:
                 raise ProtocolError(f"contribution announces {header.chunks} chunks")
+            if header.samples < 1:
+                raise ProtocolError(f"a contribution must count at least 1 sample, got {header.samples}")
             if header.round < self.round or not self.round_open:
                 self._refuse_late(session, header)
                 return

@@ -1,0 +1,244 @@
+"""Bad contributions are refused with a clear status and never reach the aggregate."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import grpc
+import pytest
+import torch
+
+from skyfed.compression import make_codec
+from skyfed.fingerprint import model_spec, weights_digest
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto.chunks import Payload, cut_all
+from skyfed.proto.serde import specs_to_proto
+from skyfed.tasks import load_task
+
+MAX_CHUNK = 4096
+BAD_TENSOR = 5  # bad data comes after good tensors were already summed
+SAMPLES = 16
+
+
+def model_and_spec():
+    model = load_task("chargpt").build_model(0)
+    named = list(model.named_parameters())
+    return [p.detach().clone() for _, p in named], model_spec(named)
+
+
+def join(agent, cloud: str, name: str) -> pb.Welcome:
+    weights, spec = model_and_spec()
+    agent.send(
+        hello=pb.Hello(
+            cloud=cloud,
+            name=name,
+            task="chargpt",
+            tensors=specs_to_proto(spec),
+            codecs=["fp32"],
+            last_round=-1,
+            weights_digest=weights_digest(weights),
+        )
+    )
+    return agent.expect("welcome").welcome
+
+
+def deltas(seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    weights, _ = model_and_spec()
+    return [torch.randn(w.shape, generator=gen) * 1e-3 for w in weights]
+
+
+def contribution(
+    values: list[torch.Tensor], round: int = 0
+) -> tuple[pb.Contribution, list[pb.Chunk]]:
+    fp32 = make_codec("fp32")
+    payloads = [Payload(i, None, "fp32", fp32.encode(v)) for i, v in enumerate(values)]
+    chunks = cut_all(payloads, kind=pb.Chunk.GRADIENT, round=round, max_chunk_bytes=MAX_CHUNK)
+    return pb.Contribution(round=round, chunks=len(chunks), samples=SAMPLES), chunks
+
+
+def first_chunk_of(chunks: list[pb.Chunk], tensor: int) -> int:
+    return next(i for i, c in enumerate(chunks) if c.tensor == tensor)
+
+
+def send(agent, header: pb.Contribution | None, chunks: list[pb.Chunk]) -> None:
+    if header is not None:
+        agent.send(contribution=header)
+    for c in chunks:
+        agent.send(chunk=c)
+
+
+def _bad_values(value: float):
+    def make(chunks):
+        values = deltas(99)
+        values[BAD_TENSOR].view(-1)[3] = value
+        return contribution(values)
+
+    return make
+
+
+def _mutate_chunk(mutation):
+    def make(chunks_unused):
+        header, chunks = contribution(deltas(99))
+        i = first_chunk_of(chunks, BAD_TENSOR)
+        chunks = mutation(chunks, i)
+        header.chunks = len(chunks)
+        return header, chunks
+
+    return make
+
+
+def _set(i_field: str, value):
+    def mutate(chunks, i):
+        setattr(chunks[i], i_field, value)
+        return chunks
+
+    return mutate
+
+
+def _oversize(chunks, i):
+    data = b"\0" * (MAX_CHUNK + 1)
+    chunks[i].data, chunks[i].crc32 = data, zlib.crc32(data)
+    return chunks
+
+
+def _duplicate(chunks, i):
+    return chunks[: i + 1] + [chunks[i]] + chunks[i + 1 :]
+
+
+def _swap(chunks, i):
+    chunks[i], chunks[i + 1] = chunks[i + 1], chunks[i]
+    return chunks
+
+
+def _garble(chunks, i):
+    data = b"not a payload" + bytes(chunks[i].data[13:])
+    chunks[i].data, chunks[i].crc32 = data, zlib.crc32(data)
+    return chunks
+
+
+def _wrong_shape(chunks_unused):
+    values = deltas(99)
+    values[BAD_TENSOR] = values[BAD_TENSOR].reshape(-1)[:-1]
+    return contribution(values)
+
+
+CASES = {
+    "nan": (_bad_values(math.nan), grpc.StatusCode.INVALID_ARGUMENT, "NaN or Inf"),
+    "inf": (_bad_values(math.inf), grpc.StatusCode.INVALID_ARGUMENT, "NaN or Inf"),
+    "wrong-shape": (_wrong_shape, grpc.StatusCode.INVALID_ARGUMENT, "expected"),
+    "bad-checksum": (_mutate_chunk(_set("crc32", 12345)), grpc.StatusCode.DATA_LOSS, "crc32"),
+    "oversized": (_mutate_chunk(_oversize), grpc.StatusCode.RESOURCE_EXHAUSTED, "bound"),
+    "duplicate-seq": (_mutate_chunk(_duplicate), grpc.StatusCode.INVALID_ARGUMENT, "repeats"),
+    "out-of-order": (_mutate_chunk(_swap), grpc.StatusCode.INVALID_ARGUMENT, "skips ahead"),
+    "unknown-codec": (
+        _mutate_chunk(_set("codec", "zip")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "codec",
+    ),
+    "garbled-payload": (_mutate_chunk(_garble), grpc.StatusCode.INVALID_ARGUMENT, "magic"),
+}
+
+
+def expected_weights(*seeds: int) -> list[torch.Tensor]:
+    weights, _ = model_and_spec()
+    sums = [torch.zeros(w.shape, dtype=torch.float64) for w in weights]
+    for seed in seeds:
+        for s, d in zip(sums, deltas(seed), strict=True):
+            s.add_(d.double(), alpha=SAMPLES)
+    return [w - (s / (SAMPLES * len(seeds))).float() for w, s in zip(weights, sums, strict=True)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_contribution_is_refused_and_never_reaches_the_aggregate(serve, raw_agent, case):
+    make, code, words = CASES[case]
+    running = serve(min_agents=3, max_chunk_bytes=MAX_CHUNK)
+    aws, gcp, bad = (raw_agent(running.port, n) for n in ("aws-1", "gcp-1", "azure-1"))
+    join(aws, "aws", "aws-1"), join(gcp, "gcp", "gcp-1"), join(bad, "azure", "azure-1")
+
+    send(bad, *make(None))
+    got, details = bad.ended()
+    assert got == code, details
+    assert words in details
+
+    for agent, seed in ((aws, 1), (gcp, 2)):
+        send(agent, *contribution(deltas(seed)))
+        assert agent.expect("receipt").receipt.accepted
+    assert aws.expect("round_end").round_end.contributors == 2
+    for got_w, want in zip(running.federation.weights, expected_weights(1, 2), strict=True):
+        torch.testing.assert_close(got_w, want, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("message", "words"),
+    [
+        (pb.AgentMessage(), "empty or unknown"),
+        (pb.AgentMessage(chunk=pb.Chunk(round=0)), "outside an announced contribution"),
+        (
+            pb.AgentMessage(contribution=pb.Contribution(round=7, chunks=1, samples=1)),
+            "round 0 is open",
+        ),
+        (
+            pb.AgentMessage(contribution=pb.Contribution(round=0, chunks=1, samples=0)),
+            "at least 1 sample",
+        ),
+    ],
+    ids=["empty", "chunk-without-header", "future-round", "zero-samples"],
+)
+def test_malformed_message_is_invalid_argument(serve, raw_agent, message, words):
+    running = serve(min_agents=2)
+    bad = raw_agent(running.port, "azure-1")
+    join(bad, "azure", "azure-1")
+    bad._out.put(message)
+    code, details = bad.ended()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in details
+
+
+def test_message_before_hello_is_refused(serve, raw_agent):
+    running = serve()
+    agent = raw_agent(running.port, "aws-1")
+    send(agent, *contribution(deltas(1)))
+    code, details = agent.ended()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "hello" in details
+
+
+def test_model_mismatch_is_failed_precondition(serve, raw_agent):
+    running = serve()
+    agent = raw_agent(running.port, "aws-1")
+    _, spec = model_and_spec()
+    spec = specs_to_proto(spec)
+    spec[0].shape[0] += 1
+    agent.send(hello=pb.Hello(cloud="aws", name="aws-1", tensors=spec, last_round=-1))
+    code, details = agent.ended()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "tok.weight" in details
+
+
+def test_second_contribution_in_one_round_is_refused(serve, raw_agent):
+    running = serve(min_agents=2)
+    aws, gcp = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(aws, "aws", "aws-1"), join(gcp, "gcp", "gcp-1")
+    send(aws, *contribution(deltas(1)))
+    assert aws.expect("receipt").receipt.accepted
+    send(aws, *contribution(deltas(1)))
+    code, details = aws.ended()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "second contribution" in details
+
+
+def test_late_contribution_is_refused_in_band_and_the_session_goes_on(serve, raw_agent):
+    running = serve(min_agents=2, quorum=1, round_deadline_s=0.3)
+    fast, slow = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(fast, "aws", "aws-1"), join(slow, "gcp", "gcp-1")
+    send(fast, *contribution(deltas(1)))
+    assert slow.expect("round_end").round_end.round == 0
+    send(slow, *contribution(deltas(2), round=0))
+    receipt = slow.expect("receipt").receipt
+    assert not receipt.accepted
+    assert receipt.code == grpc.StatusCode.ABORTED.value[0]
+    assert "closed" in receipt.message
+    send(slow, *contribution(deltas(2), round=1))
+    assert slow.expect("receipt").receipt.accepted
