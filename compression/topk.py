@@ -33,23 +33,34 @@ class TopK(Codec):
     sampled threshold (Lin et al. 2018, Deep Gradient Compression) refined to the exact
     top-k set; indices travel as delta varints or a bitmap, whichever is smaller,
     zstd-compressed when that is smaller still.
+
+    Tensors under ``dense_below`` elements (biases, norms) keep every element, as Deep
+    Gradient Compression does: they cost nothing on the wire, and starving them of
+    updates is what slows Top-k training most (measured in ``bench/convergence.py``).
     """
 
     name = "topk"
     wire_id = 3
 
-    def __init__(self, density: float = 0.01, values: str = "int8") -> None:
+    def __init__(
+        self, density: float = 0.01, values: str = "int8", dense_below: int = 1024
+    ) -> None:
         if not MIN_DENSITY <= density <= 1.0:
             raise ValueError(f"density must be in [{MIN_DENSITY}, 1], got {density!r}")
         if values not in _VALUE_KINDS:
             raise ValueError(f"values must be one of {_VALUE_KINDS}, got {values!r}")
+        if dense_below < 0:
+            raise ValueError(f"dense_below must be >= 0, got {dense_below!r}")
         self.density = float(density)
         self.values = values
+        self.dense_below = dense_below
         self._local = threading.local()
 
     def k_for(self, numel: int) -> int:
-        """How many elements a tensor of ``numel`` keeps."""
-        return 0 if numel == 0 else min(numel, max(1, round(self.density * numel)))
+        """How many elements a tensor of ``numel`` keeps (all of a small one)."""
+        if numel < self.dense_below:
+            return numel
+        return min(numel, max(1, round(self.density * numel)))
 
     def encode(self, x: torch.Tensor) -> bytes:
         return self._encode(as_flat_f32(x), tuple(x.shape))[0]
@@ -122,7 +133,9 @@ class TopK(Codec):
         return 4.0 * numel / (value_bytes + index_bytes + 64)
 
     def __repr__(self) -> str:
-        return f"TopK(density={self.density}, values={self.values!r})"
+        return (
+            f"TopK(density={self.density}, values={self.values!r}, dense_below={self.dense_below})"
+        )
 
 
 def _dequantize(q_k: torch.Tensor, scale: np.float32) -> torch.Tensor:

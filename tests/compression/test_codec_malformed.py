@@ -108,7 +108,7 @@ def test_dense_payload_claiming_one_more_element_is_refused(name: str) -> None:
 
 
 def test_sparse_payload_claiming_a_huge_tensor_is_refused_before_allocating() -> None:
-    payload = make_codec("topk", density=1e-6).encode(torch.randn(10))  # k = 1
+    payload = make_codec("topk", density=1e-6, dense_below=0).encode(torch.randn(10))  # k = 1
     with pytest.raises(PayloadError, match="keeps 1 of"):
         decode_payload(_with_shape(payload, (1 << 30,)))
 
