@@ -1,0 +1,123 @@
+"""The real commands as OS processes on loopback: training, and surviving kills."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from skyfed.coordinator import checkpoint
+from skyfed.procs import Children, command, wait_for_file
+
+pytestmark = pytest.mark.multiprocess
+
+CLOUDS = ("aws", "gcp", "azure")
+
+
+def start_coordinator(
+    kids: Children, work: Path, *, rounds: int, listen: str = "127.0.0.1:0", **extra: object
+) -> int:
+    port_file = work / "port"
+    port_file.unlink(missing_ok=True)
+    flags = {
+        "--certs": work / "certs",
+        "--listen": listen,
+        "--port-file": port_file,
+        "--status-file": work / "status.json",
+        "--rounds": rounds,
+        "--min-agents": 3,
+        "--checkpoint-dir": work / "ckpt",
+        **extra,
+    }
+    argv = command("coordinator", "serve", *(str(x) for kv in flags.items() for x in kv))
+    return int(wait_for_file(port_file, 60, kids.start("coordinator", argv)))
+
+
+def start_agent(kids: Children, work: Path, port: int, cloud: str, shard: int) -> None:
+    flags = {
+        "--cloud": cloud,
+        "--coordinator": f"localhost:{port}",
+        "--certs": work / "certs",
+        "--shard": shard,
+        "--num-shards": 3,
+        "--local-steps": 1,
+        "--report": work / f"{cloud}.json",
+    }
+    kids.start(cloud, command("agent", "start", *(str(x) for kv in flags.items() for x in kv)))
+
+
+def report(work: Path, cloud: str) -> dict:
+    path = work / f"{cloud}.json"
+    return json.loads(path.read_text()) if path.exists() else {"round": -1}
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def finish(kids: Children, work: Path, timeout_s: float = 240) -> dict:
+    for name in ("coordinator", *CLOUDS):
+        code = kids.procs[name].wait(timeout=timeout_s)
+        assert code == 0, f"{name} exited {code}:\n{kids.log(name)[-3000:]}"
+    return json.loads((work / "status.json").read_text())
+
+
+def assert_identical(work: Path, status: dict, rounds: int) -> None:
+    for cloud in CLOUDS:
+        rep = report(work, cloud)
+        assert rep["round"] == rounds - 1, (cloud, rep)
+        assert rep["weights_digest"] == status["weightsDigest"], cloud
+
+
+@pytest.fixture
+def work(tmp_path: Path, pki) -> Path:
+    return tmp_path
+
+
+def test_three_agent_processes_train_and_end_bit_identical(reaped, work):
+    port = start_coordinator(reaped, work, rounds=8)
+    for i, cloud in enumerate(CLOUDS):
+        start_agent(reaped, work, port, cloud, i)
+    status = finish(reaped, work)
+    losses = [r["meanLoss"] for r in status["rounds"]]
+    assert len(losses) == 8
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert_identical(work, status, 8)
+
+
+def test_killed_agent_restarts_rejoins_and_ends_identical(reaped, work):
+    rounds = 40  # enough that the others are still training when gcp is back
+    port = start_coordinator(reaped, work, rounds=rounds, **{"--round-deadline-s": 1.0})
+    for i, cloud in enumerate(CLOUDS):
+        start_agent(reaped, work, port, cloud, i)
+    wait_until(lambda: report(work, "gcp")["round"] >= 2, 120, "gcp to apply round 2")
+    reaped.stop("gcp", signal.SIGKILL)
+    killed_at = report(work, "gcp")["round"]
+    wait_until(lambda: report(work, "aws")["round"] >= killed_at + 2, 120, "rounds without gcp")
+    assert report(work, "aws")["round"] < rounds - 10, "the federation ran out of rounds too soon"
+    start_agent(reaped, work, port, "gcp", 1)
+    status = finish(reaped, work)
+    assert_identical(work, status, rounds)
+    assert "weights of round" in reaped.log("gcp"), "the restarted agent should have resynced"
+
+
+def test_killed_coordinator_resumes_from_checkpoint_and_loses_no_round(reaped, work):
+    rounds = 12
+    port = start_coordinator(reaped, work, rounds=rounds)
+    for i, cloud in enumerate(CLOUDS):
+        start_agent(reaped, work, port, cloud, i)
+    wait_until(lambda: min(report(work, c)["round"] for c in CLOUDS) >= 3, 120, "round 3")
+    reaped.stop("coordinator", signal.SIGKILL)
+    saved = checkpoint.load(work / "ckpt")
+    acknowledged = max(report(work, c)["round"] for c in CLOUDS)
+    assert saved is not None and saved.round >= acknowledged, (saved and saved.round, acknowledged)
+    start_coordinator(reaped, work, rounds=rounds, listen=f"127.0.0.1:{port}")
+    status = finish(reaped, work)
+    assert f"[Coordinator.Resume] round={saved.round + 1}" in reaped.log("coordinator")
+    assert_identical(work, status, rounds)
