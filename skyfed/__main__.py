@@ -1,0 +1,3 @@
+from skyfed.cli import main
+
+main()

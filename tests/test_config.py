@@ -1,0 +1,61 @@
+"""Configuration: TOML, environment, flags; bad values name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skyfed.agent.config import AgentConfig
+from skyfed.config import load_config
+from skyfed.coordinator.config import CoordinatorConfig
+
+
+def test_layers_apply_in_order_defaults_toml_env_flags(tmp_path, monkeypatch):
+    toml = tmp_path / "c.toml"
+    toml.write_text('quorum = 2\nrounds = 5\ncerts = "/etc/skyfed"\nlisten = "0.0.0.0:1"\n')
+    monkeypatch.setenv("SKYFED_COORDINATOR_ROUNDS", "7")
+    monkeypatch.setenv("SKYFED_COORDINATOR_ROUND_DEADLINE_S", "2.5")
+    config = load_config(
+        CoordinatorConfig,
+        component="coordinator",
+        path=toml,
+        flags={"listen": "127.0.0.1:9", "quorum": None},
+    )
+    assert (config.quorum, config.rounds, config.round_deadline_s, config.listen) == (
+        2,
+        7,
+        2.5,
+        "127.0.0.1:9",
+    )
+    assert config.ca == Path("/etc/skyfed/ca.crt") and config.crl == Path("/etc/skyfed/crl.pem")
+
+
+def test_unknown_toml_key_is_named(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('quorom = 2\ncerts = "x"\n')
+    with pytest.raises(ValueError, match="unknown coordinator option.*quorom"):
+        load_config(CoordinatorConfig, component="coordinator", path=toml, flags={})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("quorum", 0), ("codec", "zip"), ("max_chunk_bytes", 10), ("listen", "nowhere")],
+)
+def test_bad_coordinator_option_names_field_and_value(field, value):
+    with pytest.raises(ValueError, match=f"{field}={value!r}"):
+        CoordinatorConfig(certs=Path("c"), **{field: value})
+
+
+def test_agent_name_defaults_from_cloud_and_cert_paths_from_certs_dir():
+    config = AgentConfig(cloud="gcp", certs=Path("/c"))
+    assert (
+        config.name == "gcp-1"
+        and config.cert == Path("/c/gcp-1.crt")
+        and config.key == Path("/c/gcp-1.key")
+    )
+
+
+def test_bad_agent_option_names_field():
+    with pytest.raises(ValueError, match="shard=3"):
+        AgentConfig(cloud="aws", certs=Path("/c"), shard=3, num_shards=2)

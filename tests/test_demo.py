@@ -1,0 +1,33 @@
+"""The README's first command: the local demo runs, trains and ends bit-identical."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_demo_runs_and_reports_identical_agents(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "skyfed",
+            "demo",
+            "--rounds",
+            "3",
+            "--local-steps",
+            "1",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "all agents bit-identical" in result.stdout
+    assert "exchange" in result.stdout and "smaller" in result.stdout
