@@ -197,7 +197,9 @@ class Federation:
             if header.chunks < 1 or header.chunks > 1 << 24:
                 raise ProtocolError(f"contribution announces {header.chunks} chunks")
             if header.samples < 1:
-                raise ProtocolError(f"a contribution must count at least 1 sample, got {header.samples}")
+                raise ProtocolError(
+                    f"a contribution must count at least 1 sample, got {header.samples}"
+                )
             if header.round < self.round or not self.round_open:
                 self._refuse_late(session, header)
                 return
@@ -402,7 +404,8 @@ class Federation:
         st.duration_s = time.monotonic() - st.opened_at
         st.contributors = contributors
         st.mean_loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
-        st.train_s = sum(self._train_s) / len(self._train_s) if self._train_s else 0.0
+        # The slowest contributor's compute is the round's critical path; the rest is exchange.
+        st.train_s = max(self._train_s, default=0.0)
         st.raw_bytes_down = sum(t.numel * 4 for t in self.spec) * len(self.sessions)
         st.downlink_codec = codec_name
         self.history.append(st)

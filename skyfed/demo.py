@@ -164,7 +164,7 @@ def summary_table(result: DemoResult) -> Table:
     table.add_row("rounds", f"{len(rounds)} in {result.wall_s:.1f} s wall")
     table.add_row(
         "per round",
-        f"{round_s * 1000:.0f} ms = train {train_s * 1000:.0f} ms + exchange "
+        f"{round_s * 1000:.0f} ms = slowest agent's training {train_s * 1000:.0f} ms + exchange "
         f"{max(0.0, round_s - train_s) * 1000:.0f} ms",
     )
     table.add_row(
