@@ -200,7 +200,9 @@ class Federation:
                 raise ProtocolError(
                     f"a contribution must count at least 1 sample, got {header.samples}"
                 )
-            if header.round < self.round or not self.round_open:
+            # A contribution for the round not yet open (waiting for min_agents) is early,
+            # not late: it is summed and counts once the round opens.
+            if header.round < self.round:
                 self._refuse_late(session, header)
                 return
             if session.key in self.contributed:

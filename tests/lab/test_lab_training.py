@@ -76,12 +76,6 @@ def test_partition_longer_than_the_round_deadline_then_rejoin(
     assert contributors[-1] == 3, f"the agent did not rejoin: {contributors}"
 
 
-@pytest.mark.xfail(
-    reason="coordinator refuses as late a round-0 contribution sent before round 0 opens "
-    "(agents joined before --min-agents were reached), then waits for it: remove this "
-    "marker once coordinator/federation.py accepts contributions for the next round",
-    strict=False,
-)
 def test_three_percent_loss_loses_no_round_and_declares_no_agent_dead(
     make_lab: Callable[..., Lab], tmp_path: Path
 ) -> None:

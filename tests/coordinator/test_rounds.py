@@ -1,0 +1,55 @@
+"""When a round closes: all members, or quorum after the deadline; early and absent members."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from .test_bad_input import contribution, deltas, join, send
+
+
+def test_contribution_sent_before_round_zero_opens_counts(serve, raw_agent):
+    running = serve(min_agents=2)
+    early, later = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(early, "aws", "aws-1")
+    send(early, *contribution(deltas(1)))
+    assert early.expect("receipt").receipt.accepted
+    join(later, "gcp", "gcp-1")
+    send(later, *contribution(deltas(2)))
+    assert early.expect("round_end").round_end.contributors == 2
+
+
+def test_round_closes_at_the_deadline_once_a_quorum_reported(serve, raw_agent):
+    running = serve(min_agents=2, quorum=1, round_deadline_s=0.5)
+    fast, idle = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(fast, "aws", "aws-1"), join(idle, "gcp", "gcp-1")
+    started = time.monotonic()
+    send(fast, *contribution(deltas(1)))
+    assert fast.expect("receipt").receipt.accepted
+    end = fast.expect("round_end").round_end
+    assert end.contributors == 1
+    assert time.monotonic() - started >= 0.4
+
+
+def test_round_waits_past_the_deadline_until_a_quorum_reported(serve, raw_agent):
+    running = serve(min_agents=2, quorum=2, round_deadline_s=0.2)
+    a, b = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(a, "aws", "aws-1"), join(b, "gcp", "gcp-1")
+    send(a, *contribution(deltas(1)))
+    assert a.expect("receipt").receipt.accepted
+    with pytest.raises(queue.Empty):
+        a.expect("round_end", timeout=1.0)
+    send(b, *contribution(deltas(2)))
+    assert a.expect("round_end").round_end.contributors == 2
+
+
+def test_disconnected_member_is_not_awaited(serve, raw_agent):
+    running = serve(min_agents=2, round_deadline_s=60)
+    stays, leaves = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(stays, "aws", "aws-1"), join(leaves, "gcp", "gcp-1")
+    send(stays, *contribution(deltas(1)))
+    assert stays.expect("receipt").receipt.accepted
+    leaves.close()
+    assert stays.expect("round_end", timeout=10).round_end.contributors == 1
