@@ -1,6 +1,6 @@
 """Convergence benchmark: the embedded task trained with each codec, loss relative to FP32.
 
-    python bench/convergence.py               # default: 3 workers, 200 steps (~4 min, 2 cores)
+    python bench/convergence.py               # default: 3 workers, 150 steps (~5 min, 2 cores)
     python bench/convergence.py --steps 2000  # longer, closer to the asymptote
 
 N simulated workers in one process each compress their gradient with their own error
@@ -114,7 +114,7 @@ def train(task, run: Run, steps: int, workers: int, seed: int, dense_below: int 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="rounds per codec")
+    parser.add_argument("--steps", type=int, default=150, help="rounds per codec")
     parser.add_argument("--workers", type=int, default=3, help="simulated sites")
     parser.add_argument("--warmup", type=int, default=None, help="density warm-up rounds")
     parser.add_argument("--seed", type=int, default=0)
