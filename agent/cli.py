@@ -37,7 +37,8 @@ def main() -> None:
 @click.option("--num-shards", type=int)
 @click.option("--local-steps", type=int)
 @click.option("--rounds", type=int, help="Stop after this many rounds (0: until final).")
-@click.option("--tp", type=int, help="Local tensor-parallel ranks.")
+@click.option("--tp", type=int, help="Local tensor-parallel ranks (processes).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where the ranks train.")
 @click.option(
     "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
 )
@@ -46,19 +47,13 @@ def start(config_path: Path | None, log_level: str | None, **flags: object) -> N
     """Join the federation and train until it is done."""
     try:
         config = load_config(AgentConfig, component="agent", path=config_path, flags=flags)
+        from skyfed.agent.ranks import resolve_device
+
+        resolve_device(config)  # fails early: cuda without enough GPUs
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     setup_logging(log_level, who=config.name)
-    from skyfed.agent.daemon import Agent
-    from skyfed.agent.link import LinkClosed
+    from skyfed.agent.launch import run
 
-    agent = Agent(config)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes cleanly
-    try:
-        agent.run()
-    except LinkClosed as exc:
-        click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
-        sys.exit(3)
-    except TimeoutError as exc:
-        click.echo(f"agent {config.name}: {exc}", err=True)
-        sys.exit(4)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
+    sys.exit(run(config, log_level))

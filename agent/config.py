@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+DEVICES = ("auto", "cpu", "cuda")
+
 
 @dataclass(kw_only=True, slots=True)
 class AgentConfig:
@@ -36,7 +38,10 @@ class AgentConfig:
     rounds: int = 0
     """Stop after applying this many rounds (0: until the coordinator says final)."""
     tp: int = 1
-    """Local tensor-parallel ranks."""
+    """Local tensor-parallel ranks, one process each (see ``skyfed.agent.ranks``)."""
+    device: str = "auto"
+    """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``) or
+    ``auto`` (``cuda`` when there are at least ``tp`` GPUs, else ``cpu``)."""
     reconnect_initial_s: float = 0.2
     """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
     reconnect_max_s: float = 5.0
@@ -60,6 +65,7 @@ class AgentConfig:
             (self.reconnect_max_s >= self.reconnect_initial_s, "reconnect_max_s", ">= initial"),
             (":" in self.coordinator, "coordinator", "HOST:PORT"),
             (self.threads >= 1, "threads", ">= 1"),
+            (self.device in DEVICES, "device", " or ".join(DEVICES)),
         ]
         for ok, field, what in checks:
             if not ok:

@@ -14,13 +14,13 @@ import torch
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.link import Link, LinkClosed, open_channel
-from skyfed.agent.trainer import LocalResult, LocalTrainer
-from skyfed.compression import ErrorFeedback, PayloadError, codec_names, decode_payload, make_codec
+from skyfed.agent.site import Site
+from skyfed.agent.trainer import LocalResult
+from skyfed.compression import PayloadError, codec_names, decode_payload
 from skyfed.errors import ProtocolError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
 from skyfed.proto.serde import specs_to_proto
-from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +42,17 @@ class Finished(Exception):
 
 
 class Agent:
-    """One site. ``run`` returns when training is over; raises on a refusal that is final."""
+    """One site's session loop, on its rank 0. ``run`` returns when training is over;
+    raises on a refusal that is final.
 
-    def __init__(self, config: AgentConfig) -> None:
+    Every model operation goes through ``site`` (see ``skyfed.agent.site``), which runs it
+    on all of the site's local ranks; this class only speaks to the coordinator.
+    """
+
+    def __init__(self, config: AgentConfig, site: Site) -> None:
         self.config = config
-        torch.set_num_threads(config.threads)
-        self.task = load_task(config.task)
-        self.trainer = LocalTrainer(
-            self.task,
-            seed=config.seed,
-            shard=config.shard,
-            num_shards=config.num_shards,
-            local_steps=config.local_steps,
-        )
-        self.feedback = ErrorFeedback()
+        self.site = site
+        self.spec = site.spec
         self.codec = "fp32"
         self.last_round = -1
         self.applied = 0
@@ -63,11 +60,12 @@ class Agent:
         self.bytes_down = 0
         self.last_loss = float("nan")
         self.max_chunk_bytes = DEFAULT_MAX_CHUNK_BYTES
-        # Decoded uplink payloads not yet acknowledged, by round: credited back if refused.
-        self._unacked: dict[int, list[torch.Tensor]] = {}
-        # The aggregate being received: its assembler and the tensors decoded so far.
+        # Rounds contributed but not yet acknowledged: refused ones are credited back.
+        self._unacked: set[int] = set()
+        # The aggregate being received: its assembler, the payloads and their decoding.
         self._agg: Assembler | None = None
         self._agg_values: dict[int, torch.Tensor] = {}
+        self._agg_datas: dict[int, bytes] = {}
         self._stopping = False
         self._connected = False
 
@@ -81,7 +79,7 @@ class Agent:
                 self._session()
             except Finished:
                 log.info(
-                    "[Agent.Done] round=%d digest=%s", self.last_round, self.trainer.digest()[:16]
+                    "[Agent.Done] round=%d digest=%s", self.last_round, self.site.digest()[:16]
                 )
                 return
             except LinkClosed as exc:
@@ -123,12 +121,12 @@ class Agent:
         hello = pb.Hello(
             cloud=self.config.cloud,
             name=self.config.name,
-            task=self.task.name,
-            tensors=specs_to_proto(self.trainer.spec),
-            tp=self.config.tp,
+            task=self.site.trainer.task.name,
+            tensors=specs_to_proto(self.spec),
+            tp=self.site.group.world,
             codecs=codec_names(),
             last_round=self.last_round,
-            weights_digest=self.trainer.digest(),
+            weights_digest=self.site.digest(),
         )
         link.send(pb.AgentMessage(hello=hello))
         welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome
@@ -147,6 +145,7 @@ class Agent:
     def _receive_weights(self, link: Link) -> None:
         assembler = self._assembler(pb.Chunk.WEIGHTS, None)
         weights: dict[int, torch.Tensor] = {}
+        datas: dict[int, bytes] = {}
         while True:
             message = self._expect(link, ("chunk", "weights_end"), WELCOME_TIMEOUT_S)
             if message.HasField("weights_end"):
@@ -156,38 +155,35 @@ class Agent:
             payload = assembler.add(message.chunk)
             if payload is not None:
                 weights[payload.tensor] = self._decode(payload)
+                datas[payload.tensor] = payload.data
         end = message.weights_end
-        if len(weights) != len(self.trainer.spec) or end.chunks != assembler.next_seq:
+        if len(weights) != len(self.spec) or end.chunks != assembler.next_seq:
             raise Resync(f"weights transfer incomplete ({len(weights)} tensors)")
-        self.trainer.load([weights[i] for i in range(len(weights))])
-        if self.trainer.digest() != end.weights_digest:
+        order = range(len(weights))
+        self.site.load([datas[i] for i in order], [weights[i] for i in order])
+        if self.site.digest() != end.weights_digest:
             raise Resync("received weights do not match the coordinator's digest")
         log.info("[Agent.Sync] weights of round %d loaded", end.round)
 
     def _round(self, link: Link) -> None:
         target = self.last_round + 1
-        result = self.trainer.train()
+        result = self.site.train()
         self.last_loss = result.loss
         self._pump(link, timeout=0)
         if self.last_round >= target:  # the round closed while we trained: keep the work
-            self._keep_in_residual(result)
+            self.site.keep()
         else:
             self._contribute(link, target, result)
         while self.last_round < target:
             self._pump(link, timeout=1.0)
 
     def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
-        codec = make_codec(self.codec)
-        payloads, sent = [], []
-        for i, (info, delta) in enumerate(zip(self.trainer.spec, result.delta, strict=True)):
-            data, p = self.feedback.encode(info.name, codec, delta)
-            sent.append(p - self.feedback.residuals[info.name])
-            payloads.append(Payload(i, None, self.codec, data))
+        payloads = self.site.contribution(round, self.codec)  # every rank's own shards
         chunks = cut_all(
             payloads, kind=pb.Chunk.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
         )
-        self._unacked[round] = sent
-        raw = sum(info.numel * 4 for info in self.trainer.spec)
+        self._unacked.add(round)
+        raw = sum(info.numel * 4 for info in self.spec)
         link.send(
             pb.AgentMessage(
                 contribution=pb.Contribution(
@@ -203,11 +199,6 @@ class Agent:
         for chunk in chunks:
             link.send(pb.AgentMessage(chunk=chunk))
         self.bytes_up += sum(len(c.data) for c in chunks)
-
-    def _keep_in_residual(self, result: LocalResult) -> None:
-        for info, delta in zip(self.trainer.spec, result.delta, strict=True):
-            r = self.feedback.residuals.get(info.name)
-            self.feedback.residuals[info.name] = delta if r is None else r + delta
 
     # ---- incoming ------------------------------------------------------------------------
 
@@ -233,38 +224,43 @@ class Agent:
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
             self._agg = self._assembler(pb.Chunk.AGGREGATE, chunk.round)
-            self._agg_values = {}
+            self._agg_values, self._agg_datas = {}, {}
         payload = self._agg.add(chunk)
         if payload is not None:
             self._agg_values[payload.tensor] = self._decode(payload)
+            self._agg_datas[payload.tensor] = payload.data
 
     def _round_end(self, end: pb.RoundEnd) -> None:
         agg, values = self._agg, self._agg_values
         if agg is None or agg.round != end.round or agg.next_seq != end.chunks:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
-        if len(values) != len(self.trainer.spec):
+        if len(values) != len(self.spec):
             raise Resync(f"aggregate of round {end.round} misses tensors")
-        self.trainer.apply([values[i] for i in range(len(values))])
-        self._agg = None
-        digest = self.trainer.digest()
+        order = range(len(values))
+        datas = [self._agg_datas[i] for i in order]
+        self.site.apply(end.round, datas, [values[i] for i in order])  # prunes old unacked
+        self._agg, self._agg_values, self._agg_datas = None, {}, {}
+        digest = self.site.digest()
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")
         self.last_round, self.applied = end.round, self.applied + 1
         if end.codec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, end.codec, end.round + 1)
             self.codec = end.codec
-        self._unacked = {r: v for r, v in self._unacked.items() if r > end.round - 2}
+        self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
             raise Finished
 
     def _receipt(self, receipt: pb.Receipt) -> None:
-        sent = self._unacked.pop(receipt.round, None)
-        if receipt.accepted or sent is None:
+        if receipt.round not in self._unacked:
+            return
+        self._unacked.discard(receipt.round)
+        if receipt.accepted:
+            self.site.acked(receipt.round)
             return
         log.info("[Agent.Refused] round=%d: %s", receipt.round, receipt.message)
-        for info, s in zip(self.trainer.spec, sent, strict=True):
-            self.feedback.residuals[info.name] = self.feedback.residuals[info.name] + s
+        self.site.refused(receipt.round)  # every rank credits its shards back
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -272,13 +268,13 @@ class Agent:
         return Assembler(
             kind=kind,
             round=round,
-            num_tensors=len(self.trainer.spec),
+            num_tensors=len(self.spec),
             max_chunk_bytes=self.max_chunk_bytes,
-            max_payload_bytes=[t.numel * 4 + 4096 for t in self.trainer.spec],
+            max_payload_bytes=[t.numel * 4 + 4096 for t in self.spec],
         )
 
     def _decode(self, payload: Payload) -> torch.Tensor:
-        info = self.trainer.spec[payload.tensor]
+        info = self.spec[payload.tensor]
         try:
             values = decode_payload(payload.data)
         except PayloadError as exc:

@@ -4,68 +4,121 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
+from skyfed.agent.parallelize import full_tensor, local_tensor, narrow, parallelize, shard_of
 from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
+from skyfed.proto.serde import ShardCoords
 from skyfed.tasks.base import Task
 
 
 @dataclass(slots=True)
 class LocalResult:
-    """One round of local work: ``delta = start - end`` per parameter, and its cost."""
+    """One round of local work: ``delta = start - end`` per local shard, and its cost.
 
-    delta: list[torch.Tensor]
+    ``delta[i]`` is None for a tensor this rank does not own (a replicated tensor on a
+    rank other than 0: rank 0 speaks for every copy).
+    """
+
+    delta: list[torch.Tensor | None]
     loss: float
     samples: int
     train_s: float
 
 
 class LocalTrainer:
-    """Owns the model replica; its parameters always equal the federation's weights
-    between rounds (``train`` restores them), so every site starts a round bit-identical.
+    """Owns this rank's part of the model; between rounds its parameters always equal the
+    federation's weights (``train`` restores them), so every site starts a round
+    bit-identical.
+
+    With a ``mesh`` the model is sharded by the task's ``tp_plan()``; every method then
+    works on the local shards, and :meth:`digest` is a collective over the mesh.
     """
 
     def __init__(
-        self, task: Task, *, seed: int, shard: int, num_shards: int, local_steps: int
+        self,
+        task: Task,
+        *,
+        seed: int,
+        shard: int,
+        num_shards: int,
+        local_steps: int,
+        mesh: DeviceMesh | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.task = task
-        self.model = task.build_model(seed)
-        named = list(self.model.named_parameters())
-        self.spec: list[TensorInfo] = model_spec(named)
-        self.params = [p for _, p in named]
+        self.device = device or torch.device("cpu")
+        model = task.build_model(seed)
+        named = list(model.named_parameters())
+        self.spec: list[TensorInfo] = model_spec(named)  # logical shapes, before sharding
+        model.to(self.device)
+        if mesh is not None:
+            parallelize(model, mesh, task.tp_plan())
+        self.model = model
+        self.params = [p for _, p in model.named_parameters()]
+        self.shards: list[ShardCoords] = [shard_of(p) for p in self.params]
+        self.rank = 0 if mesh is None else mesh.get_local_rank()
+        self.owned = [self.rank == 0 or s is not None for s in self.shards]
         self.optimizer = task.make_optimizer(self.params)
         self.batches = task.batches(shard, num_shards, seed)
         self.local_steps = local_steps
 
     def train(self) -> LocalResult:
         started = time.perf_counter()
-        start = [p.detach().clone() for p in self.params]
+        start = [local_tensor(p).detach().clone() for p in self.params]
         losses = []
         self.model.train()
         for _ in range(self.local_steps):
-            loss = self.task.loss(self.model, next(self.batches))
+            loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
             losses.append(float(loss.detach()))
         with torch.no_grad():
-            delta = [s - p for s, p in zip(start, self.params, strict=True)]
+            delta = [
+                (s - local_tensor(p)).cpu() if owned else None
+                for s, p, owned in zip(start, self.params, self.owned, strict=True)
+            ]
             for p, s in zip(self.params, start, strict=True):
-                p.copy_(s)
+                local_tensor(p).copy_(s)
         samples = self.local_steps * self.task.batch_size()
         return LocalResult(delta, sum(losses) / len(losses), samples, time.perf_counter() - started)
 
     @torch.no_grad()
     def apply(self, update: list[torch.Tensor]) -> None:
-        """``w -= update``: the same float32 operation the coordinator performs."""
-        for p, u in zip(self.params, update, strict=True):
-            p.sub_(u)
+        """``w -= update`` on this rank's slices: the float32 operation the coordinator does."""
+        for p, u, shard in zip(self.params, update, self.shards, strict=True):
+            local_tensor(p).sub_(narrow(u, shard).to(self.device))
 
     @torch.no_grad()
     def load(self, weights: list[torch.Tensor]) -> None:
-        for p, w in zip(self.params, weights, strict=True):
-            p.copy_(w)
+        """Replace the weights by logical tensors (each rank copies its slices)."""
+        for p, w, shard in zip(self.params, weights, self.shards, strict=True):
+            local_tensor(p).copy_(narrow(w, shard))
 
+    @torch.no_grad()
     def digest(self) -> str:
-        return weights_digest(p.detach() for p in self.params)
+        """sha256 of the full logical weights. Sharded tensors are all-gathered one at a
+        time (weights, never gradients); only rank 0 hashes, the others return ""."""
+        fulls = (full_tensor(p.detach()) for p in self.params)
+        if self.rank == 0:
+            return weights_digest(fulls)
+        for _ in fulls:
+            pass
+        return ""
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor in it (tuples, lists, dicts nest) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(b, device) for b in batch))
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

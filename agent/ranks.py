@@ -1,0 +1,167 @@
+"""A site's local ranks as processes: device choice, rendezvous, process groups, reaping.
+
+Process structure for ``tp = N`` (or any agent on CUDA):
+
+    agent start            the supervisor: hosts the rendezvous store, starts N ranks,
+    ├── rank 0             waits; when one rank dies it stops the others and exits
+    │   the gRPC session, the round loop, logging; drives the others (``Site``)
+    ├── rank 1 .. N-1      follow rank 0's steps; log errors only
+    ...
+
+Ranks die with the supervisor (``PR_SET_PDEATHSIG``), so even ``kill -9`` of it leaves no
+orphan. Each rank has two process groups: the default one (NCCL on CUDA, Gloo on CPU)
+carries the tensor-parallel collectives through the device mesh; a Gloo group carries
+the control plane (step names, compressed payload bytes) on the CPU, with a long
+timeout, since ranks 1.. legitimately wait there while rank 0 waits on the WAN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from skyfed.agent.config import AgentConfig
+from skyfed.agent.parallelize import build_mesh
+
+log = logging.getLogger(__name__)
+
+STORE_HOST = "127.0.0.1"
+CONTROL_TIMEOUT = timedelta(days=1)
+REAP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1
+
+
+def resolve_device(config: AgentConfig) -> str:
+    """``cpu`` or ``cuda`` for ``config.device``; ``cuda`` needs one GPU per rank."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.device == "auto":
+        return "cuda" if gpus >= config.tp else "cpu"
+    if config.device == "cuda" and gpus < config.tp:
+        raise ValueError(f"agent option device='cuda' needs tp={config.tp} GPUs, found {gpus}")
+    return config.device
+
+
+def needs_ranks(config: AgentConfig) -> bool:
+    """One in-process rank for ``tp=1`` on CPU; rank processes for TP or for CUDA."""
+    return config.tp > 1 or resolve_device(config) == "cuda"
+
+
+class Ranks:
+    """The control group of a multi-rank site (see ``skyfed.agent.site.RankGroup``)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.group)
+        return out or []
+
+
+@dataclass(frozen=True, slots=True)
+class RankSpec:
+    """What one rank process needs to join its site."""
+
+    config: AgentConfig
+    rank: int
+    device_type: str
+    store_port: int
+    parent_pid: int
+    log_level: str | None
+
+
+def init_ranks(
+    rank: int, world: int, device_type: str, store: dist.Store
+) -> tuple[Ranks, DeviceMesh, torch.device]:
+    """Join the site's process groups; returns the control group, the TP mesh, the device."""
+    if device_type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    return Ranks(control), build_mesh(device_type, world), device
+
+
+def start_ranks(
+    config: AgentConfig, device_type: str, log_level: str | None
+) -> tuple[dist.TCPStore, list[BaseProcess]]:
+    """Host the rendezvous store (port 0: no race for a port) and start ``tp`` ranks."""
+    from skyfed.agent.launch import rank_main  # the ranks' entry point
+
+    store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(config.tp):
+        spec = RankSpec(config, rank, device_type, store.port, os.getpid(), log_level)
+        procs.append(ctx.Process(target=rank_main, args=(spec,), name=f"rank{rank}"))
+        procs[-1].start()
+    return store, procs
+
+
+def supervise(procs: list[BaseProcess]) -> int:
+    """Wait until rank 0 ends (its exit code) or another rank fails (its exit code)."""
+    lead = procs[0]
+    while True:
+        running = [p for p in procs if p.exitcode is None]
+        if lead not in running:
+            break
+        failed = [p for p in procs[1:] if p.exitcode not in (None, 0)]
+        if failed:
+            log.error("[Agent.Ranks] %s exited with %s", failed[0].name, failed[0].exitcode)
+            return exit_code(failed[0])
+        wait([p.sentinel for p in running])
+    for p in procs[1:]:
+        p.join(REAP_GRACE_S)
+    if lead.exitcode != 0:
+        log.error("[Agent.Ranks] rank0 exited with %s", lead.exitcode)
+    return exit_code(lead)
+
+
+def reap(procs: list[BaseProcess]) -> None:
+    """SIGTERM every rank still running, SIGKILL those that outlive the grace period."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    for p in procs:
+        p.join(REAP_GRACE_S)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+
+
+def exit_code(proc: BaseProcess) -> int:
+    """A shell's view of a process's end: its code, or 128 + the signal that killed it."""
+    code = proc.exitcode or 0
+    return 128 - code if code < 0 else code
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL us when the supervisor dies; exit now if it already has."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)

@@ -1,0 +1,160 @@
+"""A site's local ranks driven as one: rank 0 calls a step, every rank runs it.
+
+The daemon (the gRPC session) lives on rank 0 only. Each public method of :class:`Site`
+is one SPMD step: on rank 0 it first broadcasts the step's name and its small arguments
+over the control group, then runs the step; ranks 1.. sit in :meth:`Site.follow` and run
+the same step with the same arguments. Collectives inside a step (TP forward/backward,
+the gather of compressed payloads, the all-gather of weights for the digest) therefore
+always line up. With one rank (``Solo``) nothing is broadcast and nothing is gathered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+import torch
+
+from skyfed.agent.trainer import LocalResult, LocalTrainer
+from skyfed.agent.uplink import Uplink
+from skyfed.compression import decode_payload
+from skyfed.fingerprint import TensorInfo
+from skyfed.proto.chunks import Payload
+
+
+class RankGroup(Protocol):
+    """The control plane between a site's ranks: small Python objects, CPU only."""
+
+    rank: int
+    world: int
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        ...
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order, on rank 0 (``[]`` elsewhere)."""
+        ...
+
+
+class Solo:
+    """The group of one rank: an agent with ``tp=1`` on CPU runs in a single process."""
+
+    rank = 0
+    world = 1
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+
+class Site:
+    """What the daemon trains with: the model (maybe sharded), its uplink, its ranks."""
+
+    def __init__(self, trainer: LocalTrainer, group: RankGroup | None = None) -> None:
+        self.trainer = trainer
+        self.group = group or Solo()
+        self.uplink = Uplink(trainer.spec, trainer.shards)
+        self._result: LocalResult | None = None
+
+    @property
+    def spec(self) -> list[TensorInfo]:
+        return self.trainer.spec
+
+    # ---- steps, called on rank 0 ---------------------------------------------------------
+
+    def train(self) -> LocalResult:
+        """Local steps; rank 0 gets the loss and cost (its ``delta`` stays with the site)."""
+        return self._lead("train")
+
+    def contribution(self, round: int, codec: str) -> list[Payload]:
+        """Every rank encodes its own shards; rank 0 gets all payloads, in tensor order."""
+        return self._lead("contribution", round, codec)
+
+    def keep(self) -> None:
+        """The round closed while we trained: keep the delta in the residuals."""
+        self._lead("keep")
+
+    def acked(self, round: int) -> None:
+        self._lead("acked", round)
+
+    def refused(self, round: int) -> None:
+        self._lead("refused", round)
+
+    def apply(self, round: int, datas: list[bytes], decoded: list[torch.Tensor]) -> None:
+        """Apply the aggregate: the encoded payloads go to every rank, each decodes them
+        and subtracts its slice. ``decoded`` is rank 0's own (already checked) decoding."""
+        self._lead("apply", round, datas, decoded=decoded)
+
+    def load(self, datas: list[bytes], decoded: list[torch.Tensor]) -> None:
+        """Replace the weights by the coordinator's (a resync)."""
+        self._lead("load", datas, decoded=decoded)
+
+    def digest(self) -> str:
+        """sha256 of the full logical weights (``""`` on ranks other than 0)."""
+        return self._lead("digest")
+
+    def stop(self) -> None:
+        """Release the other ranks from :meth:`follow`; their processes then exit 0."""
+        if self.group.world > 1 and self.group.rank == 0:
+            self.group.broadcast(("stop", ()))
+
+    def follow(self) -> None:
+        """Ranks 1..: run the steps rank 0 announces until it says stop."""
+        while True:
+            name, args = self.group.broadcast(None)
+            if name == "stop":
+                return
+            getattr(self, f"_{name}")(*args)
+
+    def _lead(self, name: str, *args: Any, **local: Any) -> Any:
+        if self.group.world > 1:
+            self.group.broadcast((name, args))
+        return getattr(self, f"_{name}")(*args, **local)
+
+    # ---- the steps, on every rank --------------------------------------------------------
+
+    def _train(self) -> LocalResult:
+        self._result = self.trainer.train()
+        return self._result
+
+    def _contribution(self, round: int, codec: str) -> list[Payload]:
+        mine = self.uplink.encode(round, codec, self._take_delta())
+        gathered = self.group.gather(mine)
+        payloads = [p for per_rank in gathered for p in per_rank]
+        return sorted(payloads, key=lambda p: (p.tensor, p.shard[1] if p.shard else 0))
+
+    def _keep(self) -> None:
+        self.uplink.keep(self._take_delta())
+
+    def _acked(self, round: int) -> None:
+        self.uplink.acked(round)
+
+    def _refused(self, round: int) -> None:
+        self.uplink.refused(round)
+
+    def _apply(
+        self, round: int, datas: list[bytes], decoded: list[torch.Tensor] | None = None
+    ) -> None:
+        self.trainer.apply(decoded if decoded is not None else _decode_each(datas))
+        self.uplink.prune(round)
+
+    def _load(self, datas: list[bytes], decoded: list[torch.Tensor] | None = None) -> None:
+        self.trainer.load(decoded if decoded is not None else _decode_each(datas))
+
+    def _digest(self) -> str:
+        return self.trainer.digest()
+
+    def _take_delta(self) -> list[torch.Tensor | None]:
+        if self._result is None:
+            raise RuntimeError("no local delta: train() must precede contribution() or keep()")
+        delta, self._result = self._result.delta, None
+        return delta
+
+
+def _decode_each(datas: Iterable[bytes]) -> Iterator[torch.Tensor]:
+    """Whole logical tensors, one at a time (a rank keeps only its slice of each)."""
+    for data in datas:
+        yield decode_payload(data)

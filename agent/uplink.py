@@ -1,0 +1,67 @@
+"""One rank's share of a contribution: the shards it owns, encoded with its own error feedback."""
+
+from __future__ import annotations
+
+import torch
+
+from skyfed.compression import ErrorFeedback, make_codec
+from skyfed.fingerprint import TensorInfo
+from skyfed.proto.chunks import Payload
+from skyfed.proto.serde import ShardCoords
+
+
+def shard_key(name: str, shard: ShardCoords) -> str:
+    """Error-feedback key of one slice: ``fc.weight`` whole, ``fc.weight[0:128@0]`` a shard."""
+    if shard is None:
+        return name
+    dim, offset, length = shard
+    return f"{name}[{offset}:{offset + length}@{dim}]"
+
+
+class Uplink:
+    """Encodes ``p = delta + e`` per owned slice; remembers what was sent until it is acked.
+
+    A refused contribution is credited back into the residuals (``e += sent``), so its work
+    is delayed, not lost; a round closed before we contributed goes wholly into them.
+    """
+
+    def __init__(self, spec: list[TensorInfo], shards: list[ShardCoords]) -> None:
+        self.keys = [shard_key(t.name, s) for t, s in zip(spec, shards, strict=True)]
+        self.shards = shards
+        self.feedback = ErrorFeedback()
+        self._unacked: dict[int, dict[str, torch.Tensor]] = {}
+
+    def encode(
+        self, round: int, codec_name: str, delta: list[torch.Tensor | None]
+    ) -> list[Payload]:
+        """Payloads for the owned slices (``delta[i]`` not None), less empty shards."""
+        codec = make_codec(codec_name)
+        payloads, sent = [], {}
+        for i, (key, d) in enumerate(zip(self.keys, delta, strict=True)):
+            shard = self.shards[i]
+            if d is None or (shard is not None and shard[2] == 0):
+                continue
+            data, p = self.feedback.encode(key, codec, d)
+            sent[key] = p - self.feedback.residuals[key]
+            payloads.append(Payload(i, shard, codec_name, data))
+        self._unacked[round] = sent
+        return payloads
+
+    def keep(self, delta: list[torch.Tensor | None]) -> None:
+        """The round closed while we trained: the whole delta waits in the residuals."""
+        for key, d in zip(self.keys, delta, strict=True):
+            if d is None:
+                continue
+            r = self.feedback.residuals.get(key)
+            self.feedback.residuals[key] = d if r is None else r + d
+
+    def acked(self, round: int) -> None:
+        self._unacked.pop(round, None)
+
+    def refused(self, round: int) -> None:
+        for key, s in self._unacked.pop(round, {}).items():
+            self.feedback.residuals[key] = self.feedback.residuals[key] + s
+
+    def prune(self, round: int) -> None:
+        """Forget contributions older than the previous round: no receipt will come now."""
+        self._unacked = {r: v for r, v in self._unacked.items() if r > round - 2}
