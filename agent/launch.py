@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -41,8 +42,6 @@ def run(config: AgentConfig, log_level: str | None = None) -> int:
         torch.set_num_threads(config.threads)
         return lead(config, Site(_trainer(config)))
     device_type = resolve_device(config)
-    import faulthandler  # DEBUG
-
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     store, procs = start_ranks(config, device_type, log_level)
     log.info(
@@ -78,9 +77,7 @@ def lead(config: AgentConfig, site: Site) -> int:
 def rank_main(spec: RankSpec) -> None:
     """Entry point of one rank process (spawned by :func:`skyfed.agent.ranks.start_ranks`)."""
     die_with_parent(spec.parent_pid)
-    import faulthandler  # DEBUG
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it stuck?
     config, rank = spec.config, spec.rank
     who = config.name if rank == 0 else f"{config.name}/rank{rank}"
     setup_logging(spec.log_level if rank == 0 else "ERROR", who=who)

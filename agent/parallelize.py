@@ -27,7 +27,9 @@ def build_mesh(device_type: str, tp: int) -> DeviceMesh:
 def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, Any]) -> nn.Module:
     """Apply ``plan`` in place; parameters it names become DTensors, the rest stay replicated."""
     if mesh.size() > 1 and not plan:
-        raise ValueError("the task's tp_plan() is empty: nothing to shard across tp > 1 ranks")
+        raise ValueError(
+            f"tp={mesh.size()} needs a task with a tp_plan(); this one has none (use tp=1)"
+        )
     return parallelize_module(model, mesh, plan)
 
 

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from skyfed.agent.parallelize import full_tensor, local_tensor, narrow, parallelize, shard_of
 from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
 from skyfed.proto.serde import ShardCoords
-from skyfed.tasks.base import Task
+from skyfed.tasks.base import Task, tp_plan_of
 
 
 @dataclass(slots=True)
@@ -56,7 +56,7 @@ class LocalTrainer:
         self.spec: list[TensorInfo] = model_spec(named)  # logical shapes, before sharding
         model.to(self.device)
         if mesh is not None:
-            parallelize(model, mesh, task.tp_plan())
+            parallelize(model, mesh, tp_plan_of(task))
         self.model = model
         self.params = [p for _, p in model.named_parameters()]
         self.shards: list[ShardCoords] = [shard_of(p) for p in self.params]

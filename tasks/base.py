@@ -13,19 +13,37 @@ from torch import nn
 class Task(Protocol):
     """A model, its data and its optimizer, as one site trains them.
 
-    Implement this to train your own model with skyfed: every site must build the same
+    Implement this to train your own model with skyfed (``--task package.module:factory``;
+    see ``skyfed.tasks.examples`` for a complete one). Every site must build the same
     architecture (the coordinator checks a fingerprint of names, shapes and dtypes) and
-    may bring its own data shard.
+    may bring its own data shard. The agent owns the loop: per local step it calls
+    ``loss(model, batch)``, ``backward()`` and ``optimizer.step()``; per round it sends
+    ``start - end`` of the weights and applies the federation's average.
+
+    Optional methods, looked up by name:
+
+    - ``tp_plan() -> dict[str, ParallelStyle]``: the ``parallelize_module`` plan for local
+      tensor parallelism (module path -> ``ColwiseParallel()`` / ``RowwiseParallel()`` /
+      ...). Needed only to run with ``tp > 1`` (or on CUDA, where the plan runs on a
+      mesh of one). Without a plan, ``tp > 1`` is refused.
+    - ``eval_loss(model) -> float``: loss on held-out data, for benchmarks and reports.
     """
 
     name: str
 
     def build_model(self, seed: int) -> nn.Module:
-        """A freshly initialised model; the same ``seed`` gives the same weights."""
+        """A freshly initialised model on the CPU; the same ``seed`` gives the same weights.
+
+        Write it for one device: the agent moves it to the rank's device and shards it.
+        """
         ...
 
     def batches(self, shard: int, num_shards: int, seed: int) -> Iterator[Any]:
-        """An endless, deterministic stream of training batches from one shard."""
+        """An endless, deterministic stream of training batches from one shard.
+
+        Yield CPU tensors (or tuples, lists, dicts of them); the agent moves each batch to
+        the rank's device. Every TP rank of a site reads the same stream.
+        """
         ...
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
@@ -33,17 +51,19 @@ class Task(Protocol):
         ...
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        """The local (inner) optimizer a site runs between exchanges."""
-        ...
+        """The local (inner) optimizer a site runs between exchanges.
 
-    def eval_loss(self, model: nn.Module) -> float:
-        """Loss on held-out data that no shard trains on."""
-        ...
-
-    def tp_plan(self) -> dict[str, Any]:
-        """``parallelize_module`` plan for local tensor parallelism (module path -> style)."""
+        ``params`` are the model's parameters after sharding (DTensors under TP); any
+        ``torch.optim`` optimizer works on them.
+        """
         ...
 
     def batch_size(self) -> int:
         """Samples per batch: the weight of a site's contribution in the mean."""
         ...
+
+
+def tp_plan_of(task: Task) -> dict[str, Any]:
+    """The task's TP plan; an empty plan when it has none."""
+    plan = getattr(task, "tp_plan", None)
+    return {} if plan is None else plan()

@@ -1,0 +1,69 @@
+"""One rank of a tp-rank site, checked against a tp=1 replica (run by test_tp_ranks).
+
+``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR``: rank 0 drives the site and a
+single-process replica through the same steps and writes what it saw to OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from skyfed.agent.ranks import STORE_HOST, init_ranks
+from skyfed.agent.site import Site
+from skyfed.agent.trainer import LocalTrainer
+from skyfed.compression import make_codec
+from skyfed.coordinator.aggregate import RoundAggregate
+from skyfed.proto.chunks import Payload
+from skyfed.tasks import load_task
+
+
+def logical_mean(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
+    """What the coordinator makes of one contribution (coverage checked on the way)."""
+    contribution = (aggregate := RoundAggregate(site.spec)).begin(1)
+    for p in payloads:
+        contribution.apply(p, contribution.check(p))
+    contribution.commit()
+    return aggregate.mean()
+
+
+def lead(site: Site, replica: Site) -> dict:
+    seen: dict = {"digest_before": site.digest() == replica.digest()}
+    site.train(), replica.train()
+    payloads = site.contribution(0, "fp32")
+    ours = logical_mean(site, payloads)
+    theirs = logical_mean(replica, replica.contribution(0, "fp32"))
+    diffs = [float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True)]
+    seen["max_delta_diff"] = max(diffs)
+    seen["payloads_per_tensor"] = [sum(p.tensor == i for p in payloads) for i in range(len(ours))]
+    fp32 = make_codec("fp32")
+    datas = [fp32.encode(u) for u in theirs]
+    site.apply(0, datas, theirs), replica.apply(0, datas, theirs)
+    seen["digest_after"] = site.digest() == replica.digest()
+    return seen
+
+
+def main(rank: int, world: int, port: int, task_spec: str, out: Path) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore(STORE_HOST, port, is_master=False)
+    group, mesh, device = init_ranks(rank, world, "cpu", store)
+    task = load_task(task_spec)
+    options = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": 2}
+    site = Site(LocalTrainer(task, mesh=mesh, device=device, **options), group)
+    seen: dict = {}
+    if rank == 0:
+        seen = lead(site, Site(LocalTrainer(load_task(task_spec), **options)))
+        site.stop()
+    else:
+        site.follow()
+    seen["residual_keys"] = sorted(site.uplink.feedback.residuals)
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
