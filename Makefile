@@ -1,0 +1,24 @@
+# `make check` runs exactly what CI runs (.ci/run): install, then the whole test suite,
+# which includes ruff lint and format checks.
+.PHONY: install demo check lint format proto bench
+
+install:
+	pip install torch==2.13.0 -e ".[test]"
+
+demo:
+	pip install torch==2.13.0 -e . && skyfed demo
+
+check:
+	bash .ci/run
+
+lint:
+	ruff check . && ruff format --check .
+
+format:
+	ruff check --fix . && ruff format .
+
+proto:
+	python -m skyfed.proto.generate
+
+bench:
+	python bench/compression.py && python bench/convergence.py
