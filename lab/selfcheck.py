@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from skyfed.lab.netns import LabError, Namespace
 from skyfed.lab.profiles import LinkProfile
 from skyfed.lab.topology import COORDINATOR, Lab
+from skyfed.procs import terminate
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def _measure_rtt_loss(lab: Lab, agent: str, s: CheckSettings, report: LinkReport
         args += ["--interval-ms", str(s.interval_ms), "--wait-s", str(wait_s)]
         result = _tool(lab.hosts[agent], args, timeout_s=duration_s + 10)
     finally:
-        _stop(echo)
+        terminate(echo)
     rtts = result["rtts_ms"]
     report.probes, report.probes_lost = result["sent"], result["sent"] - result["received"]
     if rtts:
@@ -167,7 +168,7 @@ def _measure_rate(lab: Lab, src: str, dst: str, rate_mbit: float, s: CheckSettin
         _tool(lab.hosts[src], [*args, "--duration-s", str(s.rate_duration_s)], timeout_s=30)
         out, _ = sink.communicate(timeout=s.rate_duration_s + 15)
     finally:
-        _stop(sink)
+        terminate(sink)
     got = json.loads(out.splitlines()[-1])
     span_s = got["last"] - got["first"]
     if got["packets"] < 2 or span_s <= 0:
@@ -231,7 +232,7 @@ def measure_ceiling(lab: Lab, agent: str, duration_s: float = 3.0) -> float:
         _tool(lab.hosts[agent], args, timeout_s=duration_s + 30)
         out, _ = sink.communicate(timeout=30)
     finally:
-        _stop(sink)
+        terminate(sink)
     got = json.loads(out.splitlines()[-1])
     return got["bytes"] * 8 / got["seconds"] / 1e6
 
@@ -246,7 +247,7 @@ def _serve(ns: Namespace, args: Sequence[str]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(_probe_argv(ns, args), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
-        _stop(proc)
+        terminate(proc)
         raise LabError(f"probe server {args[0]} did not start in {ns.name}")
     return proc
 
@@ -258,18 +259,6 @@ def _tool(ns: Namespace, args: Sequence[str], *, timeout_s: float) -> dict:
     if out.returncode != 0:
         raise LabError(f"probe {args[0]} failed in {ns.name}: {out.stderr.strip()}")
     return json.loads(out.stdout.splitlines()[-1])
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 def _require(ok: bool, name: str, value: object) -> None:

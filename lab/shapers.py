@@ -15,6 +15,7 @@ from typing import Literal
 
 from skyfed.lab.netns import LabError, Namespace, new_instance_prefix, run
 from skyfed.lab.profiles import LinkProfile
+from skyfed.procs import terminate
 
 logger = logging.getLogger(__name__)
 
@@ -134,15 +135,8 @@ class TunLink(Link):
         if proc is None:
             return
         if proc.stdin is not None:
-            proc.stdin.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+            proc.stdin.close()  # the forwarder's cue to stop; SIGTERM follows
+        terminate(proc)
 
 
 class NetemLink(Link):

@@ -17,6 +17,21 @@ def command(component: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"skyfed.{component}", *args]
 
 
+def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = 5.0) -> int:
+    """Signal ``proc`` (SIGTERM by default), SIGKILL it after ``grace_s``, close its pipes."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return proc.returncode
+
+
 class Children:
     """Child processes that are always reaped: SIGTERM, then SIGKILL after a grace period."""
 
@@ -40,16 +55,8 @@ class Children:
         self.procs[name] = proc
         return proc
 
-    def stop(self, name: str, sig: int = signal.SIGTERM, grace_s: float = 10.0) -> int | None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+    def stop(self, name: str, sig: int = signal.SIGTERM, grace_s: float = 10.0) -> int:
+        return terminate(self.procs[name], sig, grace_s)
 
     def stop_all(self) -> None:
         for name in list(self.procs):
