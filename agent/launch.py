@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import signal
 import sys
 
@@ -82,8 +81,6 @@ def rank_main(spec: RankSpec) -> None:
     who = config.name if rank == 0 else f"{config.name}/rank{rank}"
     setup_logging(spec.log_level if rank == 0 else "ERROR", who=who)
     torch.set_num_threads(config.threads)
-    if sys.platform == "linux":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     store = dist.TCPStore(STORE_HOST, spec.store_port, is_master=False)
     group, mesh, device = init_ranks(rank, config.tp, spec.device_type, store)
     site = Site(_trainer(config, mesh=mesh, device=device), group)

@@ -33,6 +33,17 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, Any]) -> nn.
     return parallelize_module(model, mesh, plan)
 
 
+def param_groups(params: list[nn.Parameter]) -> list[nn.Parameter] | list[dict[str, Any]]:
+    """What to hand the task's optimizer: the parameters, or under TP one param group of
+    DTensors and one of plain tensors, since multi-tensor (foreach) kernels, CUDA's
+    default, refuse a list that mixes the two."""
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    if not sharded or not plain:
+        return params
+    return [{"params": sharded}, {"params": plain}]
+
+
 def local_tensor(param: torch.Tensor) -> torch.Tensor:
     """The storage this rank holds: a DTensor's local shard, or the tensor itself."""
     return param.to_local() if isinstance(param, DTensor) else param

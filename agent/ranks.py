@@ -94,6 +94,8 @@ def init_ranks(
     rank: int, world: int, device_type: str, store: dist.Store
 ) -> tuple[Ranks, DeviceMesh, torch.device]:
     """Join the site's process groups; returns the control group, the TP mesh, the device."""
+    if sys.platform == "linux":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     if device_type == "cuda":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)

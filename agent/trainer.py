@@ -9,7 +9,14 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from skyfed.agent.parallelize import full_tensor, local_tensor, narrow, parallelize, shard_of
+from skyfed.agent.parallelize import (
+    full_tensor,
+    local_tensor,
+    narrow,
+    parallelize,
+    param_groups,
+    shard_of,
+)
 from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
 from skyfed.proto.serde import ShardCoords
 from skyfed.tasks.base import Task, tp_plan_of
@@ -62,7 +69,7 @@ class LocalTrainer:
         self.shards: list[ShardCoords] = [shard_of(p) for p in self.params]
         self.rank = 0 if mesh is None else mesh.get_local_rank()
         self.owned = [self.rank == 0 or s is not None for s in self.shards]
-        self.optimizer = task.make_optimizer(self.params)
+        self.optimizer = task.make_optimizer(param_groups(self.params))
         self.batches = task.batches(shard, num_shards, seed)
         self.local_steps = local_steps
 

@@ -53,8 +53,9 @@ class Task(Protocol):
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         """The local (inner) optimizer a site runs between exchanges.
 
-        ``params`` are the model's parameters after sharding (DTensors under TP); any
-        ``torch.optim`` optimizer works on them.
+        Pass ``params`` to a ``torch.optim`` optimizer as it is: the model's parameters,
+        or under TP two param groups (sharded DTensors, replicated tensors), because
+        multi-tensor kernels cannot mix the two. Options set per group stay yours.
         """
         ...
 

@@ -28,7 +28,9 @@ def run_site(kids: Children, task: str, out: Path, world: int = 2) -> list[dict]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-@pytest.mark.parametrize("task", ["chargpt", "skyfed.tasks.examples:mlp_task"])
+@pytest.mark.parametrize(
+    "task", ["chargpt", "skyfed.tasks.examples:mlp_task", "__main__:chargpt_foreach"]
+)
 def test_tp2_site_sends_shards_that_add_up_to_the_tp1_pseudo_gradient(reaped, tmp_path, task):
     lead, follower = run_site(reaped, task, tmp_path)
     assert lead["digest_before"], "a sharded model must hash like the unsharded one"

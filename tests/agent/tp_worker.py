@@ -65,5 +65,14 @@ def main(rank: int, world: int, port: int, task_spec: str, out: Path) -> None:
     dist.destroy_process_group()
 
 
+def chargpt_foreach() -> object:
+    """The default task with the multi-tensor (foreach) optimizer CUDA picks by default."""
+    from skyfed.tasks.chargpt import CharTask
+
+    task = CharTask()
+    task.make_optimizer = lambda params: torch.optim.AdamW(params, lr=3e-3, foreach=True)
+    return task
+
+
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
