@@ -105,7 +105,7 @@ class Agent:
     def _session(self) -> None:
         self._connected = False
         channel = open_channel(self.config)
-        link = Link(channel)
+        link = Link(channel, coordinator=self.config.coordinator)
         try:
             self._join(link)
             self._connected = True

@@ -1,4 +1,4 @@
-"""The agent's end of one session stream: mTLS channel, outbox, inbox, heartbeats."""
+"""The agent's end of one session stream: mTLS channel, outbox, inbox, heartbeats, probe."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from skyfed.agent.config import AgentConfig
+from skyfed.agent.probe import ProbeClient
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 
@@ -59,7 +60,13 @@ def open_channel(config: AgentConfig) -> grpc.Channel:
 class Link:
     """A live session: messages go out through a queue gRPC drains, and come in on another."""
 
-    def __init__(self, channel: grpc.Channel, heartbeat_s: float = 1.0) -> None:
+    def __init__(
+        self, channel: grpc.Channel, heartbeat_s: float = 1.0, *, coordinator: str = ""
+    ) -> None:
+        self.coordinator = coordinator
+        """HOST:PORT dialled; the loss probe goes to HOST (no probe when empty)."""
+        self._welcome: pb.Welcome | None = None
+        self.probe: ProbeClient | None = None
         self._outbox: queue.Queue = queue.Queue()
         self._inbox: queue.Queue = queue.Queue()
         self._call = pb_grpc.FederationStub(channel).Session(self._requests())
@@ -72,8 +79,24 @@ class Link:
         self.bytes_up = 0
 
     def start_heartbeats(self, interval_s: float) -> None:
+        """Heartbeats every ``interval_s``; and the loss probe, if the welcome offered one."""
         self.heartbeat_s = interval_s
+        self._start_probe()
         self._beater.start()
+
+    def _start_probe(self) -> None:
+        w = self._welcome
+        if w is None or not w.probe_port or not w.probe_key or not self.coordinator:
+            return
+        host = self.coordinator.rsplit(":", 1)[0].strip("[]")
+        interval_s = (w.probe_interval_ms or 50) / 1000
+        try:
+            self.probe = ProbeClient(host, w.probe_port, w.probe_id, w.probe_key, interval_s)
+        except OSError as exc:
+            log.warning("[Agent.Probe] no loss probe to %s:%d: %s", host, w.probe_port, exc)
+            return
+        self.probe.start()
+        log.info("[Agent.Probe] to=%s:%d interval_ms=%d", host, w.probe_port, interval_s * 1000)
 
     def send(self, message: pb.AgentMessage) -> None:
         if message.HasField("chunk"):
@@ -93,6 +116,8 @@ class Link:
 
     def close(self) -> None:
         self._stop.set()
+        if self.probe is not None:
+            self.probe.close()
         self._outbox.put(None)
         self._call.cancel()
 
@@ -111,6 +136,8 @@ class Link:
                     if message.heartbeat.echo_ns:
                         self.rtt_ms = (time.monotonic_ns() - message.heartbeat.echo_ns) / 1e6
                     continue
+                if message.HasField("welcome"):
+                    self._welcome = message.welcome  # read by start_heartbeats: the probe
                 self._inbox.put(message)
             self._inbox.put(_End(grpc.StatusCode.OK, "the coordinator ended the session"))
         except grpc.RpcError as exc:
@@ -119,4 +146,8 @@ class Link:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             beat = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=self.rtt_ms)
+            if self.probe is not None:
+                report = self.probe.take()
+                beat.probe_rtt_ms.extend(report.rtt_ms)
+                beat.probes_settled, beat.probes_lost = report.settled, report.lost
             self._outbox.put(pb.AgentMessage(heartbeat=beat))

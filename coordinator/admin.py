@@ -24,7 +24,8 @@ def fetch_status(address: str, certs: Path, name: str, timeout_s: float = 5.0) -
 
 def agents_table(reply: pb.StatusReply) -> Table:
     table = Table(title=f"round {reply.round}  weights {reply.weights_digest[:12]}")
-    for col in ("agent", "state", "codec", "last round", "rtt ms", "up MB", "down MB", "refused"):
+    cols = ("agent", "state", "codec", "switches", "last round", "rtt ms", "jitter ms", "loss %")
+    for col in (*cols, "goodput Mbit/s", "up MB", "down MB", "refused"):
         left = col in ("agent", "state", "codec")
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     for a in reply.agents:
@@ -32,8 +33,12 @@ def agents_table(reply: pb.StatusReply) -> Table:
             f"{a.cloud}/{a.name}",
             a.state,
             a.codec,
+            str(a.codec_switches),
             str(a.last_round),
             f"{a.rtt_ms:.1f}",
+            f"{a.jitter_ms:.1f}",
+            f"{a.loss_pct:.2f}",
+            f"{a.goodput_mbit:.1f}",
             f"{a.bytes_up / 1e6:.2f}",
             f"{a.bytes_down / 1e6:.2f}",
             str(a.refused),

@@ -40,7 +40,15 @@ def main() -> None:
 @click.option("--quorum", type=int)
 @click.option("--round-deadline-s", type=float)
 @click.option("--rounds", type=int, help="Stop after this many rounds (0: never).")
-@click.option("--codec", help="Link codec: fp32, fp16, bf16, topk, ecsgd.")
+@click.option(
+    "--codec", help="Link codec: auto (the link policy picks), fp32, fp16, bf16, topk, ecsgd."
+)
+@click.option(
+    "--policy", type=click.Choice(["table", "cost"]), help="Link policy mode (codec auto)."
+)
+@click.option("--heartbeat-ms", type=int, help="Agents' heartbeat interval.")
+@click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
+@click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
 @click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
 @click.option(

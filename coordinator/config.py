@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from skyfed.compression import codec_names
+from skyfed.compression.monitor import MonitorConfig
+from skyfed.compression.policy import PolicyConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
 
 
@@ -39,8 +42,17 @@ class CoordinatorConfig:
     """Stop after this many rounds (0: run until stopped)."""
     outer_lr: float = 1.0
     """Step size applied to the mean pseudo-gradient (1.0 is federated averaging)."""
-    codec: str = "fp16"
-    """Default link codec (uplink and downlink) until a link policy says otherwise."""
+    codec: str = "auto"
+    """Link codec: ``auto`` lets the link policy pick each link's codec from its measured
+    RTT, loss and goodput; a codec name (fp32, fp16, bf16, topk, ecsgd) fixes it."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The link policy (TOML table ``[policy]``; a string names its ``mode``)."""
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    """Measurement windows and smoothing of every link (TOML table ``[monitor]``)."""
+    probe_port: int = 0
+    """UDP port of the loss probe's echo on the listen host (0: any free one; -1: no probe)."""
+    probe_interval_ms: int = 50
+    """How often each agent sends a loss probe (about 48 bytes)."""
     checkpoint_dir: Path | None = None
     """Where round checkpoints go; resumed from on start. None: no checkpoints."""
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
@@ -60,7 +72,12 @@ class CoordinatorConfig:
         _require(self.round_deadline_s > 0, "round_deadline_s", self.round_deadline_s, "> 0")
         _require(self.rounds >= 0, "rounds", self.rounds, ">= 0")
         _require(self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
-        _require(self.codec in codec_names(), "codec", self.codec, f"one of {codec_names()}")
+        self.policy = _section(PolicyConfig, self.policy, "mode")
+        self.monitor = _section(MonitorConfig, self.monitor, "window_s")
+        codecs = ["auto", *codec_names()]
+        _require(self.codec in codecs, "codec", self.codec, f"one of {codecs}")
+        _require(-1 <= self.probe_port < 65536, "probe_port", self.probe_port, "-1..65535")
+        _require(self.probe_interval_ms >= 5, "probe_interval_ms", self.probe_interval_ms, ">= 5")
         _require(
             4096 <= self.max_chunk_bytes <= 4 << 20,
             "max_chunk_bytes",
@@ -82,6 +99,16 @@ class CoordinatorConfig:
             self.crl = self.crl or self.certs / "crl.pem"
         for name in ("ca", "cert", "key"):
             _require(getattr(self, name) is not None, name, None, "set (or give certs=DIR)")
+
+
+def _section(cls: type, value: Any, scalar_key: str) -> Any:
+    """A nested option: the dataclass itself, a TOML table of its fields, or one scalar."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return cls(**value)
+    kind = type(getattr(cls(), scalar_key))
+    return cls(**{scalar_key: kind(value)})
 
 
 def _require(ok: bool, field: str, value: object, what: str) -> None:

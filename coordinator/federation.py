@@ -26,6 +26,7 @@ from skyfed.compression import make_codec
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.aggregate import Contribution, RoundAggregate
 from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.links import Links
 from skyfed.coordinator.session import Session
 from skyfed.errors import (
     IdentityMismatchError,
@@ -87,6 +88,8 @@ class Federation:
         self.round_open = False
         self._first_round = True
         self.max_payload = [t.numel * 4 + 4096 for t in self.spec]
+        numel = sum(t.numel for t in self.spec)
+        self.links = Links(config.codec, config.policy, config.monitor, numel)
         self._resume()
         self.weights_digest = weights_digest(self.weights)
 
@@ -111,6 +114,7 @@ class Federation:
         with self.cond:
             self._replace_existing(session)
             session.codecs = frozenset(hello.codecs)
+            self.links.open(session)
             session.codec = self._link_codec(session)
             session.tp = max(1, hello.tp)
             behind = (
@@ -140,16 +144,20 @@ class Federation:
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
     def _welcome(self, session: Session, weights_follow: bool) -> pb.CoordinatorMessage:
-        return pb.CoordinatorMessage(
-            welcome=pb.Welcome(
-                round=self.round,
-                weights_follow=weights_follow,
-                codec=session.codec,
-                max_chunk_bytes=self.config.max_chunk_bytes,
-                heartbeat_ms=self.config.heartbeat_ms,
-                identity=session.identity.uri,
-            )
+        welcome = pb.Welcome(
+            round=self.round,
+            weights_follow=weights_follow,
+            codec=session.codec,
+            max_chunk_bytes=self.config.max_chunk_bytes,
+            heartbeat_ms=self.config.heartbeat_ms,
+            identity=session.identity.uri,
         )
+        link = self.links.get(session)
+        if self.links.echo is not None and link is not None and link.probe is not None:
+            welcome.probe_port = self.links.echo.port
+            welcome.probe_key, welcome.probe_id = link.probe.key, link.probe.probe_id
+            welcome.probe_interval_ms = self.config.probe_interval_ms
+        return pb.CoordinatorMessage(welcome=welcome)
 
     def _weights_messages(self) -> list[pb.CoordinatorMessage]:
         fp32 = make_codec("fp32")
@@ -170,6 +178,7 @@ class Federation:
         with self.cond:
             if self.sessions.get(session.key) is session:
                 self._forget(session)
+                self.links.close(session)
                 del self.sessions[session.key]
                 log.info("[Coordinator.Leave] agent=%s round=%d", session.key, self.round)
             self.cond.notify_all()
@@ -218,6 +227,7 @@ class Federation:
                 max_payload_bytes=self.max_payload,
             )
             session.state = "sending"
+            self.links.get(session).upload_begins(session.bytes_up, time.monotonic())
             session.pending_loss, session.pending_train_s = header.loss, header.train_s
             self.stats.raw_bytes_up += header.raw_bytes
 
@@ -275,6 +285,7 @@ class Federation:
             contribution.commit()
             session.contribution, session.assembler = None, None
             session.last_round = session.contribution_round
+            self.links.get(session).upload_done(session.bytes_up, time.monotonic())
             session.state = "idle"
             self.contributed.add(session.key)
             self._losses.append(session.pending_loss)
@@ -356,7 +367,7 @@ class Federation:
 
     def _encode_downlink(self, update: list[torch.Tensor], codec_name: str) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
-        codec = make_codec(codec_name)
+        codec = make_codec(codec_name, **self.config.policy.codec_params(codec_name))
         if self.residual is None and not codec.lossless:
             self.residual = [torch.zeros_like(w) for w in self.weights]
         payloads = []
@@ -385,7 +396,10 @@ class Federation:
             before = s.bytes_down
             for message in chunks:
                 s.send(message)
-            s.codec = self._link_codec(s)
+            codec = self._link_codec(s)
+            if codec != s.codec:
+                self.links.switched(s, codec)
+            s.codec = codec
             s.send(
                 pb.CoordinatorMessage(
                     round_end=pb.RoundEnd(
@@ -455,12 +469,12 @@ class Federation:
     # ---- links and liveness --------------------------------------------------------------
 
     def _link_codec(self, session: Session) -> str:
-        """The codec for this link's next contribution: the configured one, if it can."""
-        wanted = self.config.codec
+        """The codec for this link's next contribution: the policy's, if the agent has it."""
+        wanted = self.links.codec(session)
         return wanted if not session.codecs or wanted in session.codecs else "fp32"
 
     def _downlink_codec(self) -> str:
-        names = [s.codec for s in self.sessions.values()] or [self.config.codec]
+        names = [s.codec for s in self.sessions.values()] or [self.links.start_codec]
         return max(names, key=lambda n: CODEC_WEIGHT.get(n, 0))
 
     def _expire_silent(self) -> None:
@@ -471,6 +485,7 @@ class Federation:
                     "[Coordinator.Liveness] agent=%s silent_s=%.1f", s.key, now - s.last_seen
                 )
                 self._forget(s)
+                self.links.close(s)
                 del self.sessions[s.key]
                 s.close(
                     grpc.StatusCode.UNAVAILABLE,
@@ -496,6 +511,8 @@ class Federation:
                     codec_switches=s.codec_switches,
                     refused=s.refused,
                     loss_pct=s.loss_pct,
+                    jitter_ms=s.jitter_ms,
+                    goodput_mbit=s.goodput_mbit,
                 )
                 for s in self.sessions.values()
             ]

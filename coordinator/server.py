@@ -13,6 +13,7 @@ import grpc
 
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.service import FederationServicer
 from skyfed.fingerprint import model_spec
@@ -69,6 +70,8 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     port = server.add_secure_port(config.listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
+    echo = _start_echo(config)
+    federation.links.echo = echo
     server.start()
     driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
     driver.start()
@@ -81,4 +84,14 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         federation.stop()
         driver.join(timeout=10)
         server.stop(grace=2).wait()
+        if echo is not None:
+            echo.close()
         federation.write_status()
+
+
+def _start_echo(config: CoordinatorConfig) -> ProbeEcho | None:
+    """The loss probe's UDP echo on the listen host, unless ``probe_port`` is -1."""
+    if config.probe_port < 0:
+        return None
+    host = config.listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+    return ProbeEcho(host, config.probe_port).start()

@@ -100,7 +100,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         elif kind == "chunk":
             self.federation.chunk(session, message.chunk)
         elif kind == "heartbeat":
-            session.rtt_ms = message.heartbeat.rtt_ms
+            self.federation.links.heartbeat(session, message.heartbeat)
             echo = pb.Heartbeat(sent_ns=time.monotonic_ns(), echo_ns=message.heartbeat.sent_ns)
             session.send(pb.CoordinatorMessage(heartbeat=echo))
         else:

@@ -48,6 +48,8 @@ class Session:
     codec_switches: int = 0
     rtt_ms: float = 0.0
     loss_pct: float = 0.0
+    jitter_ms: float = 0.0
+    goodput_mbit: float = 0.0
     closed: bool = False
     abort_code: grpc.StatusCode | None = None
     abort_message: str = ""

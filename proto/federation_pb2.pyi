@@ -48,7 +48,7 @@ class Hello(_message.Message):
     def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("round", "weights_follow", "codec", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key")
+    __slots__ = ("round", "weights_follow", "codec", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,8 @@ class Welcome(_message.Message):
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     PROBE_KEY_FIELD_NUMBER: _ClassVar[int]
+    PROBE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     round: int
     weights_follow: bool
     codec: str
@@ -65,7 +67,9 @@ class Welcome(_message.Message):
     identity: str
     probe_port: int
     probe_key: bytes
-    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ...) -> None: ...
+    probe_interval_ms: int
+    probe_id: bytes
+    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes")
@@ -156,14 +160,20 @@ class WeightsEnd(_message.Message):
     def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_ns", "echo_ns", "rtt_ms")
+    __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probe_rtt_ms", "probes_settled", "probes_lost")
     SENT_NS_FIELD_NUMBER: _ClassVar[int]
     ECHO_NS_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_SETTLED_FIELD_NUMBER: _ClassVar[int]
+    PROBES_LOST_FIELD_NUMBER: _ClassVar[int]
     sent_ns: int
     echo_ns: int
     rtt_ms: float
-    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
+    probe_rtt_ms: _containers.RepeatedScalarFieldContainer[float]
+    probes_settled: int
+    probes_lost: int
+    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., probe_rtt_ms: _Optional[_Iterable[float]] = ..., probes_settled: _Optional[int] = ..., probes_lost: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "contribution", "chunk", "heartbeat")
@@ -198,7 +208,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +221,8 @@ class AgentStatus(_message.Message):
     CODEC_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     LOSS_PCT_FIELD_NUMBER: _ClassVar[int]
+    JITTER_MS_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_MBIT_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -223,7 +235,9 @@ class AgentStatus(_message.Message):
     codec_switches: int
     refused: int
     loss_pct: float
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ...) -> None: ...
+    jitter_ms: float
+    goodput_mbit: float
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class RoundStat(_message.Message):
     __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec")

@@ -1,0 +1,255 @@
+"""The link policy: which codec a link should use, from its measured RTT, loss and goodput.
+
+Pure functions of a :class:`PolicyConfig`, a :class:`~skyfed.compression.monitor.LinkStats`
+and the link's :class:`PolicyState`; the coordinator steps it once per measurement window
+and applies its choice at the next round boundary.
+
+- ``table`` mode: RTT below ``light_below_rtt_ms`` and low loss -> ``light`` (fp16);
+  RTT up to ``heavy_above_rtt_ms`` or moderate loss -> ``medium`` (topk); beyond, or high
+  loss -> ``heavy`` (ecsgd). A boundary at ``T`` is crossed upwards above ``T (1 + h)`` and
+  downwards below ``T (1 - h)``, so a link whose RTT wanders around ``T`` stays put.
+- ``cost`` mode: predict each codec's exchange time,
+  ``t = rtt + 2 * bytes / goodput + encode + decode``, from measured link figures and each
+  codec's measured :class:`CodecProfile`; take the least-compressing codec within
+  ``cost_tie_pct`` of the fastest, among those allowed by the compression budget.
+- Dwell, in both modes: heavier only after ``heavier_after_windows`` consecutive windows
+  that all want heavier (to the lightest of what they want); lighter after
+  ``lighter_after_windows`` consecutive windows that want the same lighter codec, so a
+  window straddling a change does not cost a second switch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from skyfed.compression.monitor import LinkStats
+from skyfed.compression.registry import codec_names, make_codec
+
+MODES = ("table", "cost")
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyConfig:
+    """Thresholds, dwell and codec parameters of the link policy. TOML: ``[policy]``."""
+
+    mode: str = "table"
+    """``table`` (the default thresholds below) or ``cost`` (predicted fastest codec)."""
+    light: str = "fp16"
+    """Codec of a near, clean link."""
+    medium: str = "topk"
+    """Codec of a far or somewhat lossy link."""
+    heavy: str = "ecsgd"
+    """Codec of a very far or lossy link."""
+    light_below_rtt_ms: float = 50.0
+    """RTT under which a link is near."""
+    heavy_above_rtt_ms: float = 200.0
+    """RTT over which a link is very far."""
+    moderate_loss_pct: float = 1.0
+    """One-way loss at which a link counts as somewhat lossy."""
+    high_loss_pct: float = 5.0
+    """One-way loss at which a link counts as lossy."""
+    hysteresis_pct: float = 10.0
+    """Dead band around every threshold, in percent of it."""
+    heavier_after_windows: int = 3
+    """Consecutive windows that must all call for heavier compression before it is used."""
+    lighter_after_windows: int = 2
+    """Consecutive windows of a recovered link before compression is lightened."""
+    topk_density: float = 0.01
+    """Top-k: fraction of elements sent."""
+    topk_values: str = "int8"
+    """Top-k: ``int8`` (with a scale) or ``fp16`` values."""
+    ecsgd_bits: int = 2
+    """EC-SGD: bits per element (1, 2 or 4)."""
+    max_ratio: float = 0.0
+    """Cost mode's compression budget: no codec compressing more than this (0: any)."""
+    cost_tie_pct: float = 10.0
+    """Cost mode: codecs predicted within this of the fastest count as fast; the least
+    compressing of them wins."""
+
+    def __post_init__(self) -> None:
+        names = codec_names()
+        _require(self.mode in MODES, "mode", self.mode, f"one of {MODES}")
+        for key in ("light", "medium", "heavy"):
+            _require(getattr(self, key) in names, key, getattr(self, key), f"one of {names}")
+        light, heavy = self.light_below_rtt_ms, self.heavy_above_rtt_ms
+        _require(0 < light < heavy, "light_below_rtt_ms", light, "> 0 and < heavy_above_rtt_ms")
+        moderate, high = self.moderate_loss_pct, self.high_loss_pct
+        _require(moderate > 0, "moderate_loss_pct", moderate, "> 0")
+        _require(moderate < high < 100, "high_loss_pct", high, "above moderate_loss_pct, < 100")
+        _require(0 <= self.hysteresis_pct < 50, "hysteresis_pct", self.hysteresis_pct, "in [0, 50)")
+        for key in ("heavier_after_windows", "lighter_after_windows"):
+            _require(getattr(self, key) >= 1, key, getattr(self, key), ">= 1")
+        _require(0 < self.topk_density <= 1, "topk_density", self.topk_density, "in (0, 1]")
+        _require(self.topk_values in ("int8", "fp16"), "topk_values", self.topk_values, "int8|fp16")
+        _require(self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
+        _require(self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
+        _require(self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
+
+    @property
+    def ladder(self) -> tuple[str, str, str]:
+        """The table's codecs, lightest compression first."""
+        return (self.light, self.medium, self.heavy)
+
+    def codec_params(self, name: str) -> dict[str, Any]:
+        """Constructor parameters of ``name`` under this policy."""
+        if name == "topk":
+            return {"density": self.topk_density, "values": self.topk_values}
+        if name == "ecsgd":
+            return {"bits": self.ecsgd_bits}
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """Where one link stands: its codec and the run of windows that want another."""
+
+    codec: str
+    want: str = ""
+    """The codec the current run of windows calls for ("" when they agree with ``codec``)."""
+    run: int = 0
+    """How many consecutive windows called for a move in the same direction."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodecProfile:
+    """What one codec costs on this machine for a model's gradient, measured."""
+
+    name: str
+    ratio: float
+    """Raw float32 bytes over payload bytes."""
+    encode_s: float
+    decode_s: float
+    payload_bytes: int
+
+
+def table_level(stats: LinkStats, config: PolicyConfig, current: int) -> int:
+    """0, 1 or 2 (light, medium, heavy) by the table, with hysteresis around ``current``."""
+    h = config.hysteresis_pct / 100.0
+
+    def crossed(value: float, threshold: float, boundary: int) -> bool:
+        if not math.isfinite(value):
+            return current > boundary  # unknown: stay on whichever side we are
+        if current > boundary:
+            return value >= threshold * (1 - h)
+        return value > threshold * (1 + h)
+
+    rtt = stats.rtt_ms
+    by_rtt = int(crossed(rtt, config.light_below_rtt_ms, 0)) + int(
+        crossed(rtt, config.heavy_above_rtt_ms, 1)
+    )
+    loss = stats.loss_pct
+    by_loss = int(crossed(loss, config.moderate_loss_pct, 0)) + int(
+        crossed(loss, config.high_loss_pct, 1)
+    )
+    return max(by_rtt, by_loss)
+
+
+def predict_exchange_s(profile: CodecProfile, stats: LinkStats) -> float:
+    """One round's exchange on this link: a round trip, the payload both ways, the codec."""
+    rate_bit_s = stats.goodput_mbit * 1e6
+    transfer_s = 2 * profile.payload_bytes * 8 / rate_bit_s
+    return stats.rtt_ms / 1000 + transfer_s + profile.encode_s + profile.decode_s
+
+
+def cost_choice(
+    stats: LinkStats, config: PolicyConfig, profiles: dict[str, CodecProfile]
+) -> str | None:
+    """The least-compressing codec predicted within ``cost_tie_pct`` of the fastest;
+    None while RTT or goodput is unmeasured."""
+    if not (math.isfinite(stats.rtt_ms) and stats.goodput_mbit > 0):
+        return None
+    allowed = [
+        p for p in profiles.values() if not config.max_ratio or p.ratio <= config.max_ratio * 1.001
+    ]
+    if not allowed:
+        return None
+    times = {p.name: predict_exchange_s(p, stats) for p in allowed}
+    fastest = min(times.values())
+    fast = [p for p in allowed if times[p.name] <= fastest * (1 + config.cost_tie_pct / 100)]
+    return min(fast, key=lambda p: p.ratio).name
+
+
+def step(
+    state: PolicyState,
+    stats: LinkStats,
+    config: PolicyConfig,
+    profiles: dict[str, CodecProfile] | None = None,
+) -> PolicyState:
+    """Advance one window: the link's next state (``.codec`` changes only after dwell)."""
+    order = _order(config, profiles)
+    target = _target(state, stats, config, profiles, order)
+    current = order.index(state.codec) if state.codec in order else 0
+    goal = order.index(target)
+    if goal == current:
+        return PolicyState(state.codec)
+    heavier = goal > current
+    run = 1
+    if state.run and heavier and order.index(state.want) > current:
+        goal = min(goal, order.index(state.want))  # as far as all windows of the run agree
+        run = state.run + 1
+    elif state.run and not heavier and order[goal] == state.want:
+        run = state.run + 1  # lighter: the same codec, window after window
+    need = config.heavier_after_windows if heavier else config.lighter_after_windows
+    if run >= need:
+        return PolicyState(order[goal])
+    return replace(state, want=order[goal], run=run)
+
+
+def _target(
+    state: PolicyState,
+    stats: LinkStats,
+    config: PolicyConfig,
+    profiles: dict[str, CodecProfile] | None,
+    order: list[str],
+) -> str:
+    if config.mode == "cost" and profiles:
+        choice = cost_choice(stats, config, profiles)
+        if choice is not None:
+            return choice
+    ladder = config.ladder
+    current = ladder.index(state.codec) if state.codec in ladder else _nearest(state, order, ladder)
+    return ladder[table_level(stats, config, current)]
+
+
+def _nearest(state: PolicyState, order: list[str], ladder: tuple[str, ...]) -> int:
+    """The table level of a codec outside the table (a cost-mode choice)."""
+    weight = order.index(state.codec) if state.codec in order else 0
+    return max((i for i, n in enumerate(ladder) if order.index(n) <= weight), default=0)
+
+
+def _order(config: PolicyConfig, profiles: dict[str, CodecProfile] | None) -> list[str]:
+    """Every codec the policy may pick, lightest compression first."""
+    names = set(config.ladder) | set(profiles or {})
+    ratio = {p.name: p.ratio for p in (profiles or {}).values()}
+    rank = {n: i for i, n in enumerate(config.ladder)}
+    return sorted(names, key=lambda n: (ratio.get(n, 0.0), rank.get(n, 0), n))
+
+
+def profile_codecs(
+    names: list[str], config: PolicyConfig, numel: int, *, repeats: int = 2
+) -> dict[str, CodecProfile]:
+    """Measure each codec on a gradient-like tensor of ``numel`` elements (best of repeats)."""
+    g = torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 1e-3
+    out = {}
+    for name in names:
+        codec = make_codec(name, **config.codec_params(name))
+        enc, dec, payload = math.inf, math.inf, b""
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            payload = codec.encode(g)
+            t1 = time.perf_counter()
+            codec.decode(payload)
+            t2 = time.perf_counter()
+            enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
+        out[name] = CodecProfile(name, numel * 4 / len(payload), enc, dec, len(payload))
+    return out
+
+
+def _require(ok: bool, name: str, value: object, what: str) -> None:
+    if not ok:
+        raise ValueError(f"policy option {name}={value!r} must be {what}")

@@ -1,0 +1,184 @@
+"""Every agent link's monitor and policy state: heartbeats and transfers in, codecs out.
+
+Agents measure round trips and probe loss on their side and report them in heartbeats;
+the coordinator times the gradient transfers it receives. Each link's
+:class:`~skyfed.compression.monitor.LinkMonitor` closes a window every ``window_s``,
+the policy takes one step per window, and the round engine reads the link's codec at the
+next round boundary (:meth:`Links.codec`), so a switch never lands mid-round.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig
+from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
+from skyfed.coordinator.probe import ProbeEcho, ProbeKey
+from skyfed.coordinator.session import Session
+from skyfed.proto import federation_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+"""The coordinator's ``codec`` that lets the link policy choose per link."""
+PROFILE_MAX_NUMEL = 1 << 22
+
+
+class LinkState:
+    """One agent's link: its monitor, its policy state, and its probe credentials."""
+
+    def __init__(
+        self,
+        policy: PolicyConfig,
+        monitor: MonitorConfig,
+        profiles: dict[str, CodecProfile] | None,
+    ) -> None:
+        self.policy, self.profiles = policy, profiles
+        self.monitor = LinkMonitor(monitor, start_s=time.monotonic())
+        self.state = PolicyState(policy.light)
+        self.probe: ProbeKey | None = None
+        self.decided_on = LinkStats()
+        """The figures of the policy's latest step: what a switch is logged with."""
+        self.lock = threading.Lock()
+        self._settled = self._lost = 0
+        self._upload: tuple[float, int] | None = None
+
+    def restart(self) -> None:
+        """A new session: its probe counts start from zero again."""
+        with self.lock:
+            self._settled = self._lost = 0
+            self._upload = None
+
+    def heartbeat(self, beat: pb.Heartbeat, now_s: float) -> None:
+        with self.lock:
+            probing = beat.probes_settled > 0 or len(beat.probe_rtt_ms) > 0
+            for rtt_ms in beat.probe_rtt_ms:
+                self.monitor.add_rtt(now_s, rtt_ms)
+            if not probing and beat.rtt_ms > 0:
+                self.monitor.add_rtt(now_s, beat.rtt_ms)  # no probe: the stream's round trip
+            settled = beat.probes_settled - self._settled
+            lost = beat.probes_lost - self._lost
+            if settled >= 0 and lost >= 0:
+                self.monitor.add_probes(now_s, settled, lost)
+            self._settled, self._lost = beat.probes_settled, beat.probes_lost
+            self._advance(now_s)
+
+    def upload_begins(self, bytes_up: int, now_s: float) -> None:
+        with self.lock:
+            self._upload = (now_s, bytes_up)
+
+    def upload_done(self, bytes_up: int, now_s: float) -> None:
+        with self.lock:
+            if self._upload is not None:
+                t0, b0 = self._upload
+                self.monitor.add_transfer(now_s, bytes_up - b0, now_s - t0)
+            self._upload = None
+            self._advance(now_s)
+
+    def _advance(self, now_s: float) -> None:
+        for window in self.monitor.poll(now_s):
+            if math.isnan(window.rtt_ms) and not window.probes:
+                continue  # nothing measured in it: no evidence either way
+            self.decided_on = self.monitor.latest()
+            self.state = step(self.state, self.decided_on, self.policy, self.profiles)
+
+    def stats(self) -> LinkStats:
+        with self.lock:
+            return self.monitor.stats()
+
+
+class Links:
+    """The links of all agents, by identity (a reconnecting agent keeps its link's history)."""
+
+    def __init__(self, codec: str, policy: PolicyConfig, monitor: MonitorConfig, numel: int):
+        self.fixed = None if codec == AUTO else codec
+        self.policy, self.monitor = policy, monitor
+        self.profiles: dict[str, CodecProfile] | None = None
+        if self.fixed is None and policy.mode == "cost":
+            numel = max(1, min(numel, PROFILE_MAX_NUMEL))
+            self.profiles = profile_codecs(list(dict.fromkeys(policy.ladder)), policy, numel)
+            for p in self.profiles.values():
+                log.info(
+                    "[Coordinator.Codec] profile codec=%s ratio=%.1f encode_ms=%.2f decode_ms=%.2f",
+                    p.name,
+                    p.ratio,
+                    p.encode_s * 1e3,
+                    p.decode_s * 1e3,
+                )
+        self.echo: ProbeEcho | None = None
+        self._links: dict[str, LinkState] = {}
+
+    @property
+    def start_codec(self) -> str:
+        return self.fixed or self.policy.light
+
+    def open(self, session: Session) -> LinkState:
+        """The session's link (kept from an earlier session of the same agent), with a fresh
+        probe key when the echo runs."""
+        link = self._links.get(session.key)
+        if link is None:
+            link = self._links[session.key] = LinkState(self.policy, self.monitor, self.profiles)
+        link.restart()
+        if self.echo is not None:
+            if link.probe is not None:
+                self.echo.unregister(link.probe)
+            link.probe = self.echo.register()
+        return link
+
+    def close(self, session: Session) -> None:
+        link = self._links.get(session.key)
+        if link is not None and link.probe is not None and self.echo is not None:
+            self.echo.unregister(link.probe)
+            link.probe = None
+
+    def get(self, session: Session) -> LinkState | None:
+        return self._links.get(session.key)
+
+    def heartbeat(self, session: Session, beat: pb.Heartbeat) -> None:
+        """Feed a heartbeat's measurements; refresh the session's figures for status."""
+        link = self._links.get(session.key)
+        if link is None:
+            session.rtt_ms = beat.rtt_ms
+            return
+        link.heartbeat(beat, time.monotonic())
+        publish(session, link.stats())
+
+    def codec(self, session: Session) -> str:
+        """The codec the policy wants on this link now (the fixed one when not adaptive)."""
+        link = self._links.get(session.key)
+        if self.fixed is not None or link is None:
+            return self.start_codec
+        with link.lock:
+            return link.state.codec
+
+    def switched(self, session: Session, to: str) -> None:
+        """Log and count a switch made at a round boundary, with the figures behind it."""
+        link = self._links.get(session.key)
+        stats = link.decided_on if link is not None else LinkStats()
+        session.codec_switches += 1
+        log.info(
+            "[Coordinator.Codec] agent=%s from=%s to=%s rtt_ms=%.1f jitter_ms=%.1f "
+            "loss_pct=%.2f goodput_mbit=%.1f",
+            session.key,
+            session.codec,
+            to,
+            stats.rtt_ms,
+            stats.jitter_ms,
+            stats.loss_pct,
+            stats.goodput_mbit,
+        )
+
+
+def publish(session: Session, stats: LinkStats) -> None:
+    """Copy a link's smoothed figures onto its session (what status shows)."""
+    if math.isfinite(stats.rtt_ms):
+        session.rtt_ms = stats.rtt_ms
+    if math.isfinite(stats.loss_pct):
+        session.loss_pct = stats.loss_pct
+    if math.isfinite(stats.jitter_ms):
+        session.jitter_ms = stats.jitter_ms
+    if math.isfinite(stats.goodput_mbit):
+        session.goodput_mbit = stats.goodput_mbit

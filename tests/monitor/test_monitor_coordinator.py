@@ -1,0 +1,99 @@
+"""The coordinator's side: heartbeats' measurements pick each link's codec at round ends."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from skyfed.compression import codec_names
+from skyfed.fingerprint import weights_digest
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto.serde import specs_to_proto
+
+from ..coordinator.test_bad_input import contribution, deltas, model_and_spec, send
+
+ADAPTIVE = {
+    "codec": "auto",
+    "monitor": {"window_s": 0.1},
+    "policy": {"heavier_after_windows": 2, "lighter_after_windows": 2},
+}
+
+
+def join(agent, cloud: str, name: str) -> pb.Welcome:
+    weights, spec = model_and_spec()
+    hello = pb.Hello(
+        cloud=cloud,
+        name=name,
+        task="chargpt",
+        tensors=specs_to_proto(spec),
+        codecs=codec_names(),
+        last_round=-1,
+        weights_digest=weights_digest(weights),
+    )
+    agent.send(hello=hello)
+    return agent.expect("welcome").welcome
+
+
+def beat(agents_rtts: dict, seconds: float, lost_per_beat: int = 0) -> None:
+    """Heartbeats every 20 ms from each agent, as if its probe measured these round trips."""
+    settled, lost = 0, 0
+    for _ in range(int(seconds / 0.02)):
+        settled += 5
+        lost += lost_per_beat
+        for agent, rtt_ms in agents_rtts.items():
+            hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=rtt_ms)
+            hb.probe_rtt_ms.extend([rtt_ms] * 5)
+            hb.probes_settled, hb.probes_lost = settled, lost
+            agent.send(heartbeat=hb)
+        time.sleep(0.02)
+
+
+def test_each_link_gets_its_own_codec_and_every_switch_is_logged_and_counted(
+    serve, raw_agent, caplog
+):
+    caplog.set_level(logging.INFO, logger="skyfed.coordinator.links")
+    running = serve(min_agents=2, **ADAPTIVE)
+    far, near = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    welcome = join(far, "aws", "aws-1")
+    join(near, "gcp", "gcp-1")
+    assert welcome.codec == "fp16" and welcome.probe_port > 0 and len(welcome.probe_key) == 32
+    beat({far: 300.0, near: 5.0}, seconds=0.6)
+    send(far, *contribution(deltas(1)))
+    send(near, *contribution(deltas(2)))
+    assert (
+        far.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "ecsgd"
+    )
+    assert (
+        near.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "fp16"
+    )
+    agents = {a.name: a for a in running.federation.status().agents}
+    assert (agents["aws-1"].codec, agents["aws-1"].codec_switches) == ("ecsgd", 1)
+    assert (agents["gcp-1"].codec, agents["gcp-1"].codec_switches) == ("fp16", 0)
+    assert abs(agents["aws-1"].rtt_ms - 300.0) < 1 and agents["aws-1"].loss_pct == 0.0
+    (line,) = [r.getMessage() for r in caplog.records if "[Coordinator.Codec]" in r.getMessage()]
+    assert "agent=spiffe://" in line and "from=fp16 to=ecsgd rtt_ms=300.0" in line
+    assert "loss_pct=0.00" in line and "goodput_mbit=" in line
+
+
+def test_a_lossy_near_link_gets_heavier_compression(serve, raw_agent):
+    running = serve(min_agents=1, **ADAPTIVE)
+    agent = raw_agent(running.port, "aws-1")
+    join(agent, "aws", "aws-1")
+    beat({agent: 10.0}, seconds=0.6, lost_per_beat=1)  # 20 % of round trips: 10.6 % one way
+    send(agent, *contribution(deltas(1)))
+    assert (
+        agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "ecsgd"
+    )
+    (status,) = running.federation.status().agents
+    assert 9.0 < status.loss_pct < 12.0
+
+
+def test_a_fixed_codec_is_kept_whatever_the_link(serve, raw_agent):
+    running = serve(min_agents=1, codec="topk", monitor={"window_s": 0.1})
+    agent = raw_agent(running.port, "aws-1")
+    assert join(agent, "aws", "aws-1").codec == "topk"
+    beat({agent: 5.0}, seconds=0.3)
+    send(agent, *contribution(deltas(1)))
+    assert (
+        agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "topk"
+    )
