@@ -1,20 +1,29 @@
 """Convergence benchmark: the embedded task trained with each codec, loss relative to FP32.
 
-    python bench/convergence.py               # default: 3 workers, 150 steps (~5 min, 2 cores)
-    python bench/convergence.py --steps 2000  # longer, closer to the asymptote
+    python bench/convergence.py                          # default (~5 min on 2 cores)
+    python bench/convergence.py --rounds 150 --seeds 0,1,2,3,4 --jobs 2   # the fair run
 
-N simulated workers in one process each compress their gradient with their own error
-feedback (``p = g + e; c = C(p); e = p - D(c)``); the coordinator averages the decoded
-gradients and, like the real one, compresses the average back with its own error feedback
-(DoubleSqueeze) before every worker applies it. Top-k without error feedback shows what the
-residual is for. Held-out loss at the end is compared with the FP32 run.
+It mirrors the federation. Each of N simulated sites starts a round from the shared
+weights, takes ``--local-steps`` AdamW steps (its optimizer state persists, as an agent's
+does) and sends the pseudo-gradient ``delta = w_start - w_end`` through its codec with its
+own error feedback (``p = g + e; c = C(p); e = p - D(c)``). The coordinator averages the
+decoded deltas, compresses the mean back with its own error feedback (DoubleSqueeze) and
+every site applies ``w -= D(c)``. ``--exchange grad`` instead sends raw gradients every
+step and applies AdamW after aggregation (data-parallel SGD), for comparison.
+
+Every codec runs on the same seeds (same initial weights, same batches), so the loss
+relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
+Top-k without error feedback shows what the residual is for.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -23,133 +32,177 @@ from torch import nn
 from skyfed.compression import Codec, ErrorFeedback, decode_payload, make_codec
 from skyfed.compression.schedule import DensityWarmup
 from skyfed.tasks import load_task
+from skyfed.tasks.base import Task
 
-CodecAt = Callable[[int], Codec]  # step -> the codec used at that step
+CodecAt = Callable[[int], Codec]  # round -> the codec used in that round
+Tensors = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
     label: str
-    codec_at: CodecAt
-    feedback: bool = True
     goal: float | None = None  # allowed loss increase over FP32, as a fraction
+    feedback: bool = True
 
 
-def runs(warmup_steps: int) -> list[Run]:
+RUNS = [
+    Run("fp32"),
+    Run("fp16", goal=0.005),
+    Run("bf16"),
+    Run("topk 1% + EF", goal=0.01),
+    Run("topk 0.1% + EF + warm-up", goal=0.03),
+    Run("topk 1%, no EF", feedback=False),
+    Run("ecsgd 2-bit + EF", goal=0.03),
+    Run("ecsgd 1-bit + EF", goal=0.03),
+]
+
+
+def codec_at(label: str, warmup_rounds: int) -> CodecAt:
+    """The codec schedule behind a run's label."""
+    if label.startswith("topk 0.1%"):
+        warm = DensityWarmup(final=0.001, start=0.25, steps=warmup_rounds)
+        return lambda t: make_codec("topk", density=warm.density(t))
     fixed = {
-        name: make_codec(name, **params)
-        for name, params in [("fp32", {}), ("fp16", {}), ("bf16", {})]
+        "fp32": make_codec("fp32"),
+        "fp16": make_codec("fp16"),
+        "bf16": make_codec("bf16"),
+        "topk 1%": make_codec("topk", density=0.01),
+        "ecsgd 2-bit": make_codec("ecsgd", bits=2, seed=0),
+        "ecsgd 1-bit": make_codec("ecsgd", bits=1, seed=0),
     }
-    warm = DensityWarmup(final=0.001, start=0.25, steps=warmup_steps)
-    topk1 = make_codec("topk", density=0.01)
-    return [
-        Run("fp32", lambda _: fixed["fp32"]),
-        Run("fp16", lambda _: fixed["fp16"], goal=0.005),
-        Run("bf16", lambda _: fixed["bf16"]),
-        Run("topk 1% + EF", lambda _: topk1, goal=0.01),
-        Run(
-            "topk 0.1% + EF + warm-up",
-            lambda t: make_codec("topk", density=warm.density(t)),
-            goal=0.03,
-        ),
-        Run("topk 1%, no EF", lambda _: topk1, feedback=False),
-        Run("ecsgd 2-bit + EF", _seeded_ecsgd(2), goal=0.03),
-        Run("ecsgd 1-bit + EF", _seeded_ecsgd(1), goal=0.03),
-    ]
-
-
-def _seeded_ecsgd(bits: int) -> CodecAt:
-    codec = make_codec("ecsgd", bits=bits, seed=0)
+    codec = next(c for prefix, c in fixed.items() if label.startswith(prefix))
     return lambda _: codec
 
 
 class Exchange:
-    """One round trip of every parameter's gradient: N uplinks, the average, the downlink."""
+    """One round trip of every tensor: N uplinks, the average, the downlink."""
 
-    def __init__(self, workers: int, feedback: bool, dense_below: int) -> None:
-        self.uplinks = [ErrorFeedback() for _ in range(workers)]
+    def __init__(self, sites: int, feedback: bool) -> None:
+        self.uplinks = [ErrorFeedback() for _ in range(sites)]
         self.downlink = ErrorFeedback()
         self.feedback = feedback
-        self.dense_below = dense_below
-        self.dense = make_codec("fp32")
 
     def send(self, ef: ErrorFeedback, key: str, codec: Codec, g: torch.Tensor) -> torch.Tensor:
-        if g.numel() < self.dense_below:
-            codec = self.dense
         payload = ef.encode(key, codec, g)[0] if self.feedback else codec.encode(g)
         return decode_payload(payload)
 
-    def average(
-        self, codec: Codec, grads: list[dict[str, torch.Tensor]]
-    ) -> dict[str, torch.Tensor]:
+    def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
         mean = {}
-        for key in grads[0]:
+        for key in sent[0]:
             total = sum(
-                self.send(ef, key, codec, g[key]) for ef, g in zip(self.uplinks, grads, strict=True)
+                self.send(ef, key, codec, s[key]) for ef, s in zip(self.uplinks, sent, strict=True)
             )
-            mean[key] = self.send(self.downlink, key, codec, total / len(grads))
+            mean[key] = self.send(self.downlink, key, codec, total / len(sent))
         return mean
 
 
-def worker_grads(task, model: nn.Module, batch: object) -> dict[str, torch.Tensor]:
-    model.zero_grad(set_to_none=True)
-    task.loss(model, batch).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+class Site:
+    """One simulated agent: its batches and its own optimizer over the shared model."""
+
+    def __init__(self, task: Task, model: nn.Module, shard: int, sites: int, seed: int) -> None:
+        self.task = task
+        self.model = model
+        self.batches = task.batches(shard, sites, seed)
+        self.optimizer = task.make_optimizer(model.parameters())
+
+    def gradient(self) -> Tensors:
+        """The gradient of the loss on this site's next batch (left in ``.grad`` too)."""
+        self.model.zero_grad(set_to_none=True)
+        self.task.loss(self.model, next(self.batches)).backward()
+        return {n: p.grad.detach() for n, p in self.model.named_parameters()}
+
+    def delta(self, local_steps: int) -> Tensors:
+        """``w_start - w_end`` over ``local_steps`` AdamW steps; the weights are restored."""
+        named = dict(self.model.named_parameters())
+        start = {n: p.detach().clone() for n, p in named.items()}
+        for _ in range(local_steps):
+            self.gradient()
+            self.optimizer.step()
+        with torch.no_grad():
+            delta = {n: start[n] - p for n, p in named.items()}
+            for n, p in named.items():
+                p.copy_(start[n])
+        return delta
 
 
-def train(task, run: Run, steps: int, workers: int, seed: int, dense_below: int = 0) -> float:
-    """Held-out loss after ``steps`` rounds of compressed data-parallel training."""
+@dataclass(frozen=True, slots=True)
+class Config:
+    rounds: int
+    sites: int
+    local_steps: int  # 0: exchange gradients every step, AdamW after aggregation
+    warmup_rounds: int
+
+
+def train(label: str, seed: int, cfg: Config) -> float:
+    """Held-out loss after ``cfg.rounds`` compressed exchanges."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    task = load_task("chargpt")
     model = task.build_model(seed)
-    optimizer = task.make_optimizer(model.parameters())
-    streams = [task.batches(shard, workers, seed) for shard in range(workers)]
-    exchange = Exchange(workers, run.feedback, dense_below)
+    run = next(r for r in RUNS if r.label == label)
+    schedule = codec_at(label, cfg.warmup_rounds)
+    sites = [Site(task, model, shard, cfg.sites, seed) for shard in range(cfg.sites)]
+    exchange = Exchange(cfg.sites, run.feedback)
     params = dict(model.named_parameters())
-    for step in range(steps):
-        grads = [worker_grads(task, model, next(stream)) for stream in streams]
-        for name, g in exchange.average(run.codec_at(step), grads).items():
-            params[name].grad = g
-        optimizer.step()
+    for t in range(cfg.rounds):
+        if cfg.local_steps == 0:
+            mean = exchange.average(schedule(t), [s.gradient() for s in sites])
+            for name, g in mean.items():
+                params[name].grad = g
+            sites[0].optimizer.step()
+            continue
+        mean = exchange.average(schedule(t), [s.delta(cfg.local_steps) for s in sites])
+        with torch.no_grad():
+            for name, u in mean.items():
+                params[name].sub_(u)
     return task.eval_loss(model)
+
+
+def row(run: Run, losses: list[float], reference: list[float]) -> str:
+    """One table line: mean loss, and the paired change vs FP32 as mean ± stdev, min..max."""
+    rel = [loss / ref - 1 for loss, ref in zip(losses, reference, strict=True)]
+    mean = statistics.fmean(rel)
+    spread = statistics.stdev(rel) if len(rel) > 1 else 0.0
+    goal = "" if run.goal is None else f"{run.goal:.1%}"
+    verdict = "" if run.goal is None else ("PASS" if mean <= run.goal else "FAIL")
+    return (
+        f"{run.label:<26}{statistics.fmean(losses):>9.4f}{mean:>+9.2%} ±{spread:>6.2%}"
+        f"{min(rel):>+9.2%}..{max(rel):>+7.2%}{goal:>7}{verdict:>6}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150, help="rounds per codec")
-    parser.add_argument("--workers", type=int, default=3, help="simulated sites")
+    parser.add_argument("--rounds", type=int, default=50, help="exchanges per codec and seed")
+    parser.add_argument("--local-steps", type=int, default=4, help="0 = --exchange grad")
+    parser.add_argument("--exchange", choices=("delta", "grad"), default="delta")
+    parser.add_argument("--sites", type=int, default=3, help="simulated agents")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated; every codec runs each")
     parser.add_argument("--warmup", type=int, default=None, help="density warm-up rounds")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--dense-below",
-        type=int,
-        default=0,
-        help="send tensors with fewer elements uncompressed (DGC leaves biases and norms dense)",
-    )
-    parser.add_argument("--only", default="", help="comma-separated labels to run (and fp32)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--only", default="", help="comma-separated label prefixes (and fp32)")
     args = parser.parse_args()
-    torch.manual_seed(args.seed)
-    task = load_task("chargpt")
-    warmup = args.warmup if args.warmup is not None else max(1, args.steps // 5)
+    local_steps = 0 if args.exchange == "grad" else args.local_steps
+    warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
+    cfg = Config(args.rounds, args.sites, local_steps, warmup)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    picks = [s.strip() for s in args.only.split(",") if s.strip()]
     selected = [
-        r
-        for r in runs(warmup)
-        if not args.only
-        or r.label == "fp32"
-        or any(s.strip() in r.label for s in args.only.split(","))
+        r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
     ]
-    print(f"chargpt, {args.workers} workers, {args.steps} steps, warm-up {warmup} steps")
-    print(f"{'codec':<28}{'eval loss':>10}{'vs fp32':>10}{'goal':>8}{'':>6}{'time s':>8}")
-    reference = None
-    for run in selected:
-        start = time.perf_counter()
-        loss = train(task, run, args.steps, args.workers, args.seed, args.dense_below)
-        reference = loss if reference is None else reference
-        delta = loss / reference - 1
-        verdict = "" if run.goal is None else ("PASS" if delta <= run.goal else "FAIL")
-        goal = "" if run.goal is None else f"{run.goal:.1%}"
-        print(
-            f"{run.label:<28}{loss:>10.4f}{delta:>+10.2%}{goal:>8}{verdict:>6}"
-            f"{time.perf_counter() - start:>8.1f}"
-        )
+    mode = f"{local_steps} local AdamW steps per round" if local_steps else "gradient exchange"
+    print(f"chargpt, {cfg.sites} sites, {cfg.rounds} rounds, {mode}, warm-up {warmup} rounds")
+    print(f"seeds {seeds}; change vs fp32 paired per seed: mean ± stdev, min..max")
+    print(f"{'codec':<26}{'loss':>9}{'vs fp32':>9}{'':>8}{'range':>18}{'goal':>7}{'':>6}")
+    start = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {
+            (r.label, s): pool.submit(train, r.label, s, cfg) for r in selected for s in seeds
+        }
+        reference = [futures["fp32", s].result() for s in seeds]
+        for run in selected:
+            print(row(run, [futures[run.label, s].result() for s in seeds], reference), flush=True)
+    print(f"{time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

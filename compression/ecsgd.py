@@ -50,8 +50,9 @@ class EcSgd(Codec):
         self._random = np.random.PCG64(seed)
         self._random_lock = threading.Lock()
 
-    def encode(self, x: torch.Tensor) -> bytes:
-        return self._encode(as_flat_f32(x), tuple(x.shape))[0]
+    def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
+        """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
+        return self._encode(as_flat_f32(x), tuple(x.shape), out)[0]
 
     def encode_with_feedback(
         self, g: torch.Tensor, residual: torch.Tensor | None
@@ -64,7 +65,7 @@ class EcSgd(Codec):
         return payload, torch.sub(p, sent, out=sent).view(g.shape)
 
     def _encode(
-        self, flat: torch.Tensor, shape: tuple[int, ...]
+        self, flat: torch.Tensor, shape: tuple[int, ...], out: frame.PayloadBuffer | None = None
     ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
         """The payload, the codes ``(nb * B,)`` uint8 and the scales ``(nb,)``."""
         blocks = _padded_blocks(flat, self.block)  # (nb, B)
@@ -78,7 +79,7 @@ class EcSgd(Codec):
         packed = _pack_codes(codes, self.bits)
         params = _PARAMS.pack(self.bits, self.block)
         body = (memoryview(scales_nb.numpy()).cast("B"), memoryview(packed.numpy()))
-        return frame.pack(self.wire_id, shape, params, *body), codes, scales_nb
+        return frame.pack(self.wire_id, shape, params, *body, out=out), codes, scales_nb
 
     def _stochastic_codes(self, blocks: torch.Tensor, scales_nb: torch.Tensor) -> torch.Tensor:
         """``floor(y + u)`` for ``y = (p / s + 1) (L - 1) / 2``, as uint8 ``(nb * B,)``.

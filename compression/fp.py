@@ -19,15 +19,19 @@ _FP16_MAX = 65504.0
 _FP16_PEAK_EXP = 14
 _FP16_SCALE_EXP_LIMIT = 126  # keeps both s and 1/s finite float32 numbers
 _SCALE = struct.Struct("<f")
+# Elements scaled per step: 4 MiB of float32 scratch stays in this machine's 8 MiB L3; smaller
+# blocks mean more thread barriers, which cost more than they save on a busy 2-core host.
+_BLOCK = 1 << 20
 _NUMPY_DTYPE = {torch.float32: np.float32, torch.float16: np.float16}
 
 
 class _ElementwiseCodec(Codec):
     """Casts every element to ``wire_dtype``: ``c = cast(x / s)``, ``D(c) = s * c``.
 
-    ``s`` is a power of two (so scaling adds no rounding) chosen by subclasses; the
-    conversion goes into a per-thread buffer reused across calls, and the frame is joined
-    with one copy.
+    ``s`` is a power of two (so scaling adds no rounding) chosen by subclasses. Scaling
+    and casting run block by block through a small float32 scratch that stays in cache, so
+    memory sees one read of ``x`` and one write of the wire values. ``encode(x, out=buf)``
+    writes the frame straight into a caller-owned :class:`frame.PayloadBuffer`.
     """
 
     wire_dtype: torch.dtype
@@ -35,16 +39,31 @@ class _ElementwiseCodec(Codec):
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def encode(self, x: torch.Tensor) -> bytes:
+    def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
+        """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
         flat = as_flat_f32(x)
         scale = self._scale_for(flat)
-        wire = self._buffer("wire", flat.numel())
+        head = frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(scale))
+        nbytes = flat.numel() * self.wire_dtype.itemsize
+        if out is None:
+            wire = self._scratch("wire", flat.numel(), self.wire_dtype)
+            self._cast(flat, scale, wire)
+            return head + memoryview(wire.view(torch.uint8).numpy())
+        region_B = out.take(len(head) + nbytes)
+        view = memoryview(region_B.numpy())
+        view[: len(head)] = head
+        self._cast(flat, scale, region_B[len(head) :].view(self.wire_dtype))
+        return view  # type: ignore[return-value]
+
+    def _cast(self, flat: torch.Tensor, scale: float, wire: torch.Tensor) -> None:
+        """``wire = cast(flat / scale)``; a dtype-mixing multiply is 3x slower than this."""
         if scale == 1.0:
             wire.copy_(flat)
-        else:  # scaling in float32 then casting beats one dtype-mixing kernel 2:1
-            wire.copy_(torch.mul(flat, 1.0 / scale, out=self._buffer("scaled", flat.numel())))
-        body = memoryview(wire.view(torch.uint8).numpy())
-        return frame.pack(self.wire_id, tuple(x.shape), _SCALE.pack(scale), body)
+            return
+        scratch = self._scratch("scaled", min(_BLOCK, flat.numel()), torch.float32)
+        for i in range(0, flat.numel(), _BLOCK):
+            block = flat[i : i + _BLOCK]
+            wire[i : i + _BLOCK].copy_(torch.mul(block, 1.0 / scale, out=scratch[: len(block)]))
 
     def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
         f = frame.unpack(payload, max_body=0)
@@ -62,8 +81,13 @@ class _ElementwiseCodec(Codec):
                 f"{f.numel * itemsize}"
             )
         result = output_tensor(f.shape, out)
-        result.view(-1).copy_(self._wire_view(f.body))
-        return result if scale == 1.0 else result.mul_(scale)
+        flat, wire = result.view(-1), self._wire_view(f.body)
+        if scale == 1.0:
+            flat.copy_(wire)
+            return result
+        for i in range(0, flat.numel(), _BLOCK):  # scale each block while it is in cache
+            flat[i : i + _BLOCK].copy_(wire[i : i + _BLOCK]).mul_(scale)
+        return result
 
     def _wire_view(self, body: memoryview) -> torch.Tensor:
         """The body as a read-only 1-D tensor of ``wire_dtype`` (no copy)."""
@@ -71,9 +95,8 @@ class _ElementwiseCodec(Codec):
             return readonly_tensor(np.frombuffer(body, dtype=np.int16)).view(torch.bfloat16)
         return readonly_tensor(np.frombuffer(body, dtype=_NUMPY_DTYPE[self.wire_dtype]))
 
-    def _buffer(self, role: str, numel: int) -> torch.Tensor:
-        """A per-thread scratch tensor reused while the size stays the same."""
-        dtype = self.wire_dtype if role == "wire" else torch.float32
+    def _scratch(self, role: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A per-thread scratch tensor, reused while the size stays the same."""
         buf = getattr(self._local, role, None)
         if buf is None or buf.numel() != numel:
             buf = torch.empty(numel, dtype=dtype)
@@ -131,7 +154,8 @@ class Fp16(_ElementwiseCodec):
     def _scale_for(self, flat: torch.Tensor) -> float:
         if flat.numel() == 0:
             return 1.0
-        return fp16_scale(max(float(flat.amax()), -float(flat.amin())))
+        low, high = torch.aminmax(flat)  # one pass, where amax and amin take two
+        return fp16_scale(max(float(high), -float(low)))
 
 
 def fp16_scale(peak: float) -> float:

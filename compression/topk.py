@@ -62,8 +62,9 @@ class TopK(Codec):
             return numel
         return min(numel, max(1, round(self.density * numel)))
 
-    def encode(self, x: torch.Tensor) -> bytes:
-        return self._encode(as_flat_f32(x), tuple(x.shape))[0]
+    def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
+        """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
+        return self._encode(as_flat_f32(x), tuple(x.shape), out)[0]
 
     def encode_with_feedback(
         self, g: torch.Tensor, residual: torch.Tensor | None
@@ -76,7 +77,7 @@ class TopK(Codec):
         return payload, new_residual.view(g.shape)
 
     def _encode(
-        self, flat: torch.Tensor, shape: tuple[int, ...]
+        self, flat: torch.Tensor, shape: tuple[int, ...], out: frame.PayloadBuffer | None = None
     ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
         """The payload, the kept indices and the values the receiver will decode there."""
         k = self.k_for(flat.numel())
@@ -84,7 +85,11 @@ class TopK(Codec):
         value_bytes, scale, sent_k = self._quantize(flat[idx_k])
         index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
         params = _PARAMS.pack(_VALUE_KINDS.index(self.values), index_kind, zstd, k, scale, raw_len)
-        return frame.pack(self.wire_id, shape, params, value_bytes, index_bytes), idx_k, sent_k
+        return (
+            frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out),
+            idx_k,
+            sent_k,
+        )
 
     def _quantize(self, kept_k: torch.Tensor) -> tuple[memoryview, float, torch.Tensor]:
         """Wire bytes of the kept values, their scale, and the values they decode to."""
