@@ -13,8 +13,9 @@ class DensityWarmup:
 
     Early gradients change fast and a residual built on them goes stale; sending more of
     them at first keeps the error feedback's delay short. DGC's momentum correction is not
-    needed here: skyfed exchanges raw gradients and the optimizer (AdamW in the default
-    task) keeps its moments after aggregation, identically on every site.
+    needed here: skyfed exchanges pseudo-gradients (``w_start - w_end`` over an agent's
+    local AdamW steps), so the momentum already acted inside what is sent, and the outer
+    step ``w -= outer_lr * mean`` has no momentum of its own to correct.
     """
 
     final: float
