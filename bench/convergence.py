@@ -173,7 +173,9 @@ def row(run: Run, losses: list[float], reference: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=50, help="exchanges per codec and seed")
+    parser.add_argument(
+        "--rounds", "--steps", type=int, default=50, help="exchanges per codec and seed"
+    )
     parser.add_argument("--local-steps", type=int, default=4, help="0 = --exchange grad")
     parser.add_argument("--exchange", choices=("delta", "grad"), default="delta")
     parser.add_argument("--sites", type=int, default=3, help="simulated agents")
