@@ -34,8 +34,8 @@ class DemoConfig:
     """Rounds to train."""
     local_steps: int = 4
     """Local optimizer steps per round at each agent."""
-    codec: str = "fp16"
-    """Link codec."""
+    codec: str = "auto"
+    """Link codec: ``auto`` lets the bandwidth monitor's policy pick per link."""
     workdir: Path | None = None
     """Where certificates, logs, checkpoints and reports go (default: a temporary dir)."""
     timeout_s: float = 900.0
