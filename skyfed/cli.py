@@ -19,7 +19,12 @@ def main() -> None:
 @main.command()
 @click.option("--rounds", type=int, default=30, show_default=True)
 @click.option("--local-steps", type=int, default=4, show_default=True)
-@click.option("--codec", default="auto", show_default=True, help="auto (the link policy), fp32, fp16, bf16, topk, ecsgd")
+@click.option(
+    "--codec",
+    default="auto",
+    show_default=True,
+    help="auto (the link policy), fp32, fp16, bf16, topk, ecsgd",
+)
 @click.option(
     "--workdir", type=click.Path(path_type=Path), help="Keep certs, logs and reports here."
 )
