@@ -17,6 +17,7 @@ from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, decode_payload
+from skyfed.compression.spec import codec_from_spec
 from skyfed.errors import ProtocolError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
@@ -130,7 +131,7 @@ class Agent:
         )
         link.send(pb.AgentMessage(hello=hello))
         welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome
-        self.codec, self.max_chunk_bytes = welcome.codec, welcome.max_chunk_bytes
+        self.codec, self.max_chunk_bytes = _checked_codec(welcome.codec), welcome.max_chunk_bytes
         link.start_heartbeats(welcome.heartbeat_ms / 1000)
         if welcome.weights_follow:
             self._receive_weights(link)
@@ -246,7 +247,7 @@ class Agent:
         self.last_round, self.applied = end.round, self.applied + 1
         if end.codec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, end.codec, end.round + 1)
-            self.codec = end.codec
+            self.codec = _checked_codec(end.codec)
         self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
@@ -260,6 +261,11 @@ class Agent:
             self.site.acked(receipt.round)
             return
         log.info("[Agent.Refused] round=%d: %s", receipt.round, receipt.message)
+        if receipt.code == grpc.StatusCode.ALREADY_EXISTS.value[0]:
+            # An earlier run of this agent was counted for that round: crediting this work
+            # back would train on the same data twice.
+            self.site.acked(receipt.round)
+            return
         self.site.refused(receipt.round)  # every rank credits its shards back
 
     # ---- helpers -------------------------------------------------------------------------
@@ -317,3 +323,12 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _checked_codec(spec: str) -> str:
+    """A codec spec we can build, or a resync: never a crash in the middle of a round."""
+    try:
+        codec_from_spec(spec)
+    except ValueError as exc:
+        raise Resync(f"the coordinator named a codec this agent cannot build: {exc}") from exc
+    return spec

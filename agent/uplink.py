@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from skyfed.compression import ErrorFeedback, make_codec
+from skyfed.compression import ErrorFeedback
+from skyfed.compression.spec import codec_from_spec
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto.chunks import Payload
 from skyfed.proto.serde import ShardCoords
@@ -32,10 +33,13 @@ class Uplink:
         self._unacked: dict[int, dict[str, torch.Tensor]] = {}
 
     def encode(
-        self, round: int, codec_name: str, delta: list[torch.Tensor | None]
+        self, round: int, codec_spec: str, delta: list[torch.Tensor | None]
     ) -> list[Payload]:
-        """Payloads for the owned slices (``delta[i]`` not None), less empty shards."""
-        codec = make_codec(codec_name)
+        """Payloads for the owned slices (``delta[i]`` not None), less empty shards.
+
+        ``codec_spec`` is what the coordinator sent: a name, maybe with parameters.
+        """
+        codec = codec_from_spec(codec_spec)
         payloads, sent = [], {}
         for i, (key, d) in enumerate(zip(self.keys, delta, strict=True)):
             shard = self.shards[i]
@@ -43,7 +47,7 @@ class Uplink:
                 continue
             data, p = self.feedback.encode(key, codec, d)
             sent[key] = p - self.feedback.residuals[key]
-            payloads.append(Payload(i, shard, codec_name, data))
+            payloads.append(Payload(i, shard, codec.name, data))
         self._unacked[round] = sent
         return payloads
 

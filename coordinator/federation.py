@@ -23,12 +23,16 @@ import torch
 from google.protobuf import json_format
 
 from skyfed.compression import make_codec
+from skyfed.compression.spec import format_spec
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.aggregate import Contribution, RoundAggregate
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.links import Links
 from skyfed.coordinator.session import Session
+from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import (
+    AlreadyContributedError,
+    FederationError,
     IdentityMismatchError,
     LateContributionError,
     ModelMismatchError,
@@ -143,11 +147,15 @@ class Federation:
             self._forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
+    def _codec_spec(self, name: str) -> str:
+        """The codec with the policy's parameters, so the agent encodes exactly that."""
+        return format_spec(name, self.config.policy.codec_params(name))
+
     def _welcome(self, session: Session, weights_follow: bool) -> pb.CoordinatorMessage:
         welcome = pb.Welcome(
             round=self.round,
             weights_follow=weights_follow,
-            codec=session.codec,
+            codec=self._codec_spec(session.codec),
             max_chunk_bytes=self.config.max_chunk_bytes,
             heartbeat_ms=self.config.heartbeat_ms,
             identity=session.identity.uri,
@@ -212,10 +220,27 @@ class Federation:
             # A contribution for the round not yet open (waiting for min_agents) is early,
             # not late: it is summed and counts once the round opens.
             if header.round < self.round:
-                self._refuse_late(session, header)
+                self._refuse(
+                    session,
+                    header,
+                    LateContributionError(
+                        f"round {header.round} closed before this contribution arrived; round "
+                        f"{self.round} is open (keep it in the error-feedback residual)"
+                    ),
+                )
                 return
-            if session.key in self.contributed:
+            if session.last_round == self.round:
                 raise ProtocolError(f"a second contribution for round {self.round}")
+            if session.key in self.contributed:  # a restarted agent, already counted
+                self._refuse(
+                    session,
+                    header,
+                    AlreadyContributedError(
+                        f"an earlier session of {session.key} already contributed to round "
+                        f"{self.round}; drop this work, it would count the same data twice"
+                    ),
+                )
+                return
             session.contribution = self.aggregate.begin(header.samples)
             session.contribution_round = header.round
             session.chunks_expected, session.chunks_seen = header.chunks, 0
@@ -231,26 +256,21 @@ class Federation:
             session.pending_loss, session.pending_train_s = header.loss, header.train_s
             self.stats.raw_bytes_up += header.raw_bytes
 
-    def _refuse_late(self, session: Session, header: pb.Contribution) -> None:
+    def _refuse(self, session: Session, header: pb.Contribution, err: FederationError) -> None:
+        """Refuse a contribution in-band: the session goes on, its chunks are discarded."""
         session.discard_round, session.discard_left = header.round, header.chunks
         session.refused += 1
-        err = LateContributionError(
-            f"round {header.round} closed before this contribution arrived; "
-            f"round {self.round} is open (keep it in the error-feedback residual)"
-        )
         log.info(
-            "[Coordinator.Late] agent=%s round=%d open=%d", session.key, header.round, self.round
+            "[Coordinator.Refuse] agent=%s round=%d open=%d: %s",
+            session.key,
+            header.round,
+            self.round,
+            err,
         )
-        session.send(
-            pb.CoordinatorMessage(
-                receipt=pb.Receipt(
-                    round=header.round,
-                    accepted=False,
-                    code=grpc.StatusCode.ABORTED.value[0],
-                    message=str(err),
-                )
-            )
+        receipt = pb.Receipt(
+            round=header.round, accepted=False, code=status_code(err).value[0], message=str(err)
         )
+        session.send(pb.CoordinatorMessage(receipt=receipt))
 
     def chunk(self, session: Session, chunk: pb.Chunk) -> None:
         """Validate and add one chunk; completes the contribution on its last chunk.
@@ -338,19 +358,22 @@ class Federation:
         return late and committed >= self.config.quorum
 
     def _close_round(self) -> None:
+        # Anything half-sent is now late: withdraw it before the mean is taken.
+        for s in self.sessions.values():
+            if s.contribution is not None and not s.contribution.done:
+                left = s.chunks_expected - s.chunks_seen
+                self._forget(s)
+                s.state = "idle"
+                late = LateContributionError(
+                    f"round {self.round} closed while this contribution was arriving"
+                )
+                self._refuse(s, pb.Contribution(round=self.round, chunks=left), late)
         update = self.aggregate.mean()
         if self.config.outer_lr != 1.0:
             update = [u * self.config.outer_lr for u in update]
         codec_name = self._downlink_codec()
         payloads = self._encode_downlink(update, codec_name)
         contributors = self.aggregate.committed
-        for s in self.sessions.values():  # anything half-sent is now late
-            if s.contribution is not None and not s.contribution.done:
-                self._forget(s)
-                s.state = "idle"
-                self._refuse_late(
-                    s, pb.Contribution(round=self.round, chunks=s.chunks_expected - s.chunks_seen)
-                )
         self.weights_digest = weights_digest(self.weights)
         final = self.config.rounds > 0 and self.round + 1 >= self.config.rounds
         self._checkpoint()
@@ -408,7 +431,7 @@ class Federation:
                         weights_digest=self.weights_digest,
                         contributors=contributors,
                         mean_loss=mean_loss,
-                        codec=s.codec,
+                        codec=self._codec_spec(s.codec),
                         final=final,
                     )
                 )

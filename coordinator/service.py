@@ -12,42 +12,12 @@ import grpc
 from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
-from skyfed.errors import (
-    BadContributionError,
-    ChecksumError,
-    FederationError,
-    IdentityMismatchError,
-    LateContributionError,
-    ModelMismatchError,
-    OversizedError,
-    ProtocolError,
-    RevokedError,
-    SessionReplacedError,
-)
+from skyfed.coordinator.status_codes import status_code
+from skyfed.errors import FederationError, ProtocolError, RevokedError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
-# The one place domain errors become gRPC status codes.
-STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
-    ProtocolError: grpc.StatusCode.INVALID_ARGUMENT,
-    BadContributionError: grpc.StatusCode.INVALID_ARGUMENT,
-    OversizedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ChecksumError: grpc.StatusCode.DATA_LOSS,
-    IdentityMismatchError: grpc.StatusCode.PERMISSION_DENIED,
-    ModelMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
-    RevokedError: grpc.StatusCode.UNAUTHENTICATED,
-    LateContributionError: grpc.StatusCode.ABORTED,
-    SessionReplacedError: grpc.StatusCode.ABORTED,
-}
-
-
-def status_code(error: FederationError) -> grpc.StatusCode:
-    for cls in type(error).__mro__:
-        if cls in STATUS_CODES:
-            return STATUS_CODES[cls]
-    return grpc.StatusCode.INTERNAL
 
 
 class FederationServicer(pb_grpc.FederationServicer):

@@ -39,5 +39,9 @@ class LateContributionError(FederationError):
     """A contribution for a round that is already closed."""
 
 
+class AlreadyContributedError(FederationError):
+    """An earlier session of the same identity already contributed to this round."""
+
+
 class SessionReplacedError(FederationError):
     """A newer session of the same identity took over this one."""

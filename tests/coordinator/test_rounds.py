@@ -5,9 +5,11 @@ from __future__ import annotations
 import queue
 import time
 
+import grpc
 import pytest
+import torch
 
-from .test_bad_input import contribution, deltas, join, send
+from .test_bad_input import contribution, deltas, expected_weights, join, send
 
 
 def test_contribution_sent_before_round_zero_opens_counts(serve, raw_agent):
@@ -53,3 +55,39 @@ def test_disconnected_member_is_not_awaited(serve, raw_agent):
     assert stays.expect("receipt").receipt.accepted
     leaves.close()
     assert stays.expect("round_end", timeout=10).round_end.contributors == 1
+
+
+def test_half_sent_contribution_at_the_deadline_is_refused_and_not_summed(serve, raw_agent):
+    running = serve(min_agents=2, quorum=1, round_deadline_s=0.5)
+    done, half = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(done, "aws", "aws-1"), join(half, "gcp", "gcp-1")
+    header, chunks = contribution(deltas(2))
+    send(half, header, chunks[: len(chunks) // 2])
+    send(done, *contribution(deltas(1)))
+    assert done.expect("receipt").receipt.accepted
+    receipt = half.expect("receipt").receipt
+    assert (receipt.accepted, receipt.code) == (False, grpc.StatusCode.ABORTED.value[0])
+    assert done.expect("round_end").round_end.contributors == 1
+    for got, want in zip(running.federation.weights, expected_weights(1), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    assert half.expect("round_end").round_end.round == 0
+    send(half, None, chunks[len(chunks) // 2 :])  # the rest is discarded, the session goes on
+    send(half, *contribution(deltas(2), round=1))
+    assert half.expect("receipt").receipt.accepted
+
+
+def test_restarted_agent_is_not_counted_twice_in_one_round(serve, raw_agent):
+    running = serve(min_agents=2)
+    first, other = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(first, "aws", "aws-1"), join(other, "gcp", "gcp-1")
+    send(first, *contribution(deltas(1)))
+    assert first.expect("receipt").receipt.accepted
+    again = raw_agent(running.port, "aws-1")  # the same identity, restarted
+    join(again, "aws", "aws-1")
+    send(again, *contribution(deltas(3)))
+    receipt = again.expect("receipt").receipt
+    assert (receipt.accepted, receipt.code) == (False, grpc.StatusCode.ALREADY_EXISTS.value[0])
+    send(other, *contribution(deltas(2)))
+    assert again.expect("round_end").round_end.contributors == 2
+    for got, want in zip(running.federation.weights, expected_weights(1, 2), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)

@@ -1,0 +1,44 @@
+"""Codec specs on the wire: a codec name, optionally with its constructor parameters.
+
+``"fp16"`` or ``'topk:{"density": 0.01, "values": "int8"}'``. The coordinator's policy owns
+the parameters; sending them with the codec keeps both ends of a link on the same codec.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from skyfed.compression.base import Codec
+from skyfed.compression.registry import make_codec
+
+MAX_SPEC_CHARS = 512
+
+
+def format_spec(name: str, params: dict[str, Any] | None = None) -> str:
+    return f"{name}:{json.dumps(params, sort_keys=True)}" if params else name
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split a spec; a malformed one raises ``ValueError`` naming it."""
+    if len(spec) > MAX_SPEC_CHARS:
+        raise ValueError(f"codec spec of {len(spec)} characters is too long")
+    name, sep, raw = spec.partition(":")
+    if not sep:
+        return name, {}
+    try:
+        params = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"codec spec {spec!r} has malformed parameters: {exc}") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"codec spec {spec!r}: parameters must be an object")
+    return name, params
+
+
+def codec_from_spec(spec: str) -> Codec:
+    """The codec a spec names, built with its parameters; ``ValueError`` if it cannot be."""
+    name, params = parse_spec(spec)
+    try:
+        return make_codec(name, **params)
+    except TypeError as exc:
+        raise ValueError(f"codec spec {spec!r}: {exc}") from None
