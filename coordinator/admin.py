@@ -12,14 +12,18 @@ from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 
 
-def fetch_status(address: str, certs: Path, name: str, timeout_s: float = 5.0) -> pb.StatusReply:
+def fetch_status(
+    address: str, certs: Path, name: str, timeout_s: float = 5.0, windows: bool = False
+) -> pb.StatusReply:
     creds = grpc.ssl_channel_credentials(
         root_certificates=(certs / "ca.crt").read_bytes(),
         private_key=(certs / f"{name}.key").read_bytes(),
         certificate_chain=(certs / f"{name}.crt").read_bytes(),
     )
     with grpc.secure_channel(address, creds) as channel:
-        return pb_grpc.FederationStub(channel).Status(pb.StatusRequest(), timeout=timeout_s)
+        return pb_grpc.FederationStub(channel).Status(
+            pb.StatusRequest(windows=windows), timeout=timeout_s
+        )
 
 
 def agents_table(reply: pb.StatusReply) -> Table:

@@ -89,11 +89,12 @@ def _drain(running) -> None:  # noqa: ANN001
 @click.option("--certs", type=click.Path(path_type=Path), required=True)
 @click.option("--as", "name", default="coordinator", help="Identity in --certs to call as.")
 @click.option("--json", "as_json", is_flag=True)
-def status(address: str, certs: Path, name: str, as_json: bool) -> None:
+@click.option("--windows", is_flag=True, help="With --json: each link's raw measurement windows.")
+def status(address: str, certs: Path, name: str, as_json: bool, windows: bool) -> None:
     """Who is connected, on which codec, how fast; the last rounds."""
     from skyfed.coordinator.admin import fetch_status, render_status
 
-    reply = fetch_status(address, certs, name)
+    reply = fetch_status(address, certs, name, windows=windows)
     if as_json:
         from google.protobuf.json_format import MessageToJson
 

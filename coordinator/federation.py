@@ -517,7 +517,8 @@ class Federation:
 
     # ---- status --------------------------------------------------------------------------
 
-    def status(self) -> pb.StatusReply:
+    def status(self, windows: bool = False) -> pb.StatusReply:
+        """Who is connected and how, the recent rounds; ``windows`` adds raw link samples."""
         now = time.monotonic()
         with self.cond:
             agents = [
@@ -536,6 +537,7 @@ class Federation:
                     loss_pct=s.loss_pct,
                     jitter_ms=s.jitter_ms,
                     goodput_mbit=s.goodput_mbit,
+                    windows=self._windows(s) if windows else (),
                 )
                 for s in self.sessions.values()
             ]
@@ -562,6 +564,22 @@ class Federation:
                 rounds=rounds,
                 finished=self.finished,
             )
+
+    def _windows(self, session: Session) -> list[pb.LinkWindow]:
+        link = self.links.get(session)
+        if link is None:
+            return []
+        return [
+            pb.LinkWindow(
+                start_s=w.start_s,
+                rtt_ms=w.rtt_ms,
+                jitter_ms=w.jitter_ms,
+                probes=w.probes,
+                probes_lost=w.probes_lost,
+                goodput_mbit=w.goodput_mbit,
+            )
+            for w in link.monitor.window_log
+        ]
 
     def write_status(self) -> None:
         """Status as JSON, atomically, for operators' scripts and the demo's summary."""

@@ -81,4 +81,4 @@ class FederationServicer(pb_grpc.FederationServicer):
             self.auth.identify(context)
         except RevokedError as exc:
             context.abort(status_code(exc), str(exc))
-        return self.federation.status()
+        return self.federation.status(windows=request.windows)

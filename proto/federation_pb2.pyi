@@ -204,11 +204,29 @@ class CoordinatorMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., round_end: _Optional[_Union[RoundEnd, _Mapping]] = ..., weights_end: _Optional[_Union[WeightsEnd, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("windows",)
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    windows: bool
+    def __init__(self, windows: _Optional[bool] = ...) -> None: ...
+
+class LinkWindow(_message.Message):
+    __slots__ = ("start_s", "rtt_ms", "jitter_ms", "probes", "probes_lost", "goodput_mbit")
+    START_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    JITTER_MS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    PROBES_LOST_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_MBIT_FIELD_NUMBER: _ClassVar[int]
+    start_s: float
+    rtt_ms: float
+    jitter_ms: float
+    probes: int
+    probes_lost: int
+    goodput_mbit: float
+    def __init__(self, start_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., probes: _Optional[int] = ..., probes_lost: _Optional[int] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +241,7 @@ class AgentStatus(_message.Message):
     LOSS_PCT_FIELD_NUMBER: _ClassVar[int]
     JITTER_MS_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_MBIT_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -237,7 +256,8 @@ class AgentStatus(_message.Message):
     loss_pct: float
     jitter_ms: float
     goodput_mbit: float
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
+    windows: _containers.RepeatedCompositeFieldContainer[LinkWindow]
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ...) -> None: ...
 
 class RoundStat(_message.Message):
     __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec")

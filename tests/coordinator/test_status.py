@@ -1,0 +1,28 @@
+"""The admin status call: who is connected, and each link's raw windows for plots."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from skyfed.coordinator.admin import fetch_status
+from skyfed.proto import federation_pb2 as pb
+
+from .test_bad_input import join
+
+
+def test_status_lists_agents_and_raw_link_windows_on_request(serve, raw_agent, pki):
+    running = serve(monitor={"window_s": 0.1}, probe_port=-1)
+    agent = raw_agent(running.port, "aws-1")
+    join(agent, "aws", "aws-1")
+    for _ in range(8):
+        agent.send(heartbeat=pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=42.0))
+        time.sleep(0.05)
+    time.sleep(0.2)
+    address = f"localhost:{running.port}"
+    plain = fetch_status(address, pki.directory, "coordinator")
+    detailed = fetch_status(address, pki.directory, "coordinator", windows=True)
+    assert [(a.cloud, a.name) for a in plain.agents] == [("aws", "aws-1")]
+    assert not plain.agents[0].windows
+    rtts = [w.rtt_ms for w in detailed.agents[0].windows if not math.isnan(w.rtt_ms)]
+    assert rtts and all(r == 42.0 for r in rtts)
