@@ -103,8 +103,19 @@ class LinkCheckError(LabError):
 
 
 def check_lab(lab: Lab, settings: CheckSettings | None = None) -> list[LinkReport]:
-    """Check every link in turn; raise ``LinkCheckError`` if any does not match."""
-    reports = [measure_link(lab, agent, settings) for agent in lab.links]
+    """Check every link in turn; raise ``LinkCheckError`` if any does not match.
+
+    A link that fails is measured once more before it is refused: a userspace shaper on a
+    busy 2-core host can stall for a moment, and that says nothing about the link. A link
+    that fails twice is reported with the second measurement.
+    """
+    reports = []
+    for agent in lab.links:
+        report = measure_link(lab, agent, settings)
+        if not report.ok:
+            logger.warning("[Lab.Check] remeasuring after: %s", report.summary())
+            report = measure_link(lab, agent, settings)
+        reports.append(report)
     if not all(r.ok for r in reports):
         raise LinkCheckError(reports)
     return reports

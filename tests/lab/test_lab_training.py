@@ -86,4 +86,4 @@ def test_three_percent_loss_loses_no_round_and_declares_no_agent_dead(
     assert [(r, a) for r, a, _ in fed.rounds()] == [(r, 3) for r in range(spec.rounds)]
     coordinator_log = fed.log(COORDINATOR).read_text()
     assert "[Coordinator.Liveness]" not in coordinator_log
-    assert "[Coordinator.Late]" not in coordinator_log
+    assert "[Coordinator.Refuse]" not in coordinator_log
