@@ -42,6 +42,16 @@ def _train(codec: Codec) -> float:
     return task.eval_loss(model)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A model this small gains nothing from a second thread, and on a busy host the two
+    threads' barriers wait on each other: one thread keeps the test fast and steady."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def initial_loss() -> float:
     task = _task()
