@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import socket
+import ssl
 from pathlib import Path
 
 import grpc
@@ -161,3 +163,15 @@ def test_server_and_ca_rotate_without_restart(serve, pki, tmp_path):
     new = conftest.credentials(rotated.directory, "aws-1")
     assert status_call(running.port, new)[0] == grpc.StatusCode.OK
     assert status_call(running.port, old)[0] == grpc.StatusCode.UNAVAILABLE
+
+
+def test_coordinator_negotiates_tls_1_3(serve, pki):
+    running = serve()
+    context = ssl.create_default_context(cafile=str(pki.ca_cert_path))
+    context.load_cert_chain(pki.directory / "aws-1.crt", pki.directory / "aws-1.key")
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        assert tls.version() == "TLSv1.3"
