@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -27,26 +28,30 @@ def fetch_status(
 
 
 def agents_table(reply: pb.StatusReply) -> Table:
-    table = Table(title=f"round {reply.round}  weights {reply.weights_digest[:12]}")
-    cols = ("agent", "state", "codec", "switches", "last round", "rtt ms", "jitter ms", "loss %")
-    for col in (*cols, "goodput Mbit/s", "up MB", "down MB", "refused"):
+    """One row per agent; short headers so it fits an 80-column terminal."""
+    table = Table(
+        title=f"round {reply.round}  weights {reply.weights_digest[:12]}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    headers = ("agent", "state", "codec", "sw", "round", "rtt", "loss%")
+    for col in (*headers, "Mb/s", "up MB", "dn MB"):
         left = col in ("agent", "state", "codec")
-        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
     for a in reply.agents:
         table.add_row(
-            f"{a.cloud}/{a.name}",
+            a.name,
             a.state,
             a.codec,
             str(a.codec_switches),
             str(a.last_round),
             f"{a.rtt_ms:.1f}",
-            f"{a.jitter_ms:.1f}",
             f"{a.loss_pct:.2f}",
             f"{a.goodput_mbit:.1f}",
-            f"{a.bytes_up / 1e6:.2f}",
-            f"{a.bytes_down / 1e6:.2f}",
-            str(a.refused),
+            f"{a.bytes_up / 1e6:.1f}",
+            f"{a.bytes_down / 1e6:.1f}",
         )
+    table.caption = "rtt in ms; sw: codec switches; Mb/s: goodput; jitter, refusals: --json"
     return table
 
 
