@@ -1,79 +1,189 @@
 """Adaptive link policy against every fixed codec, over a link that changes mid-run.
 
-    sudo python bench/adaptive.py                       # near -> far -> near, 4 runs
-    sudo python bench/adaptive.py --codecs fp16,auto --target-loss 2.2
+    sudo python bench/adaptive.py                        # 4 codecs x 3 seeds, ~11 min
+    sudo python bench/adaptive.py --seeds 0,1,2,3,4      # 5 seeds, ~20 min
+    sudo python bench/adaptive.py --codecs ecsgd,auto --policy cost --target-loss 2.4
 
 Each run builds a fresh network lab (root, network namespaces): a coordinator and two
-agents, ``aws-1`` on a steady ``lan`` link and ``gcp-1`` on a link that follows the
-schedule (``--near`` for ``--near-s``, then ``--far`` for ``--far-s``, then ``--near``
-again), and trains the default task with one fixed codec, or with ``--codec auto``. It
-stops when a round's mean loss reaches ``--target-loss`` or after ``--max-s``, and prints
-the time from the first round's opening to that round's close, and the bytes both ways.
+agents, ``aws-1`` on a steady ``lan`` link and ``gcp-1`` on a link that is near (10 ms,
+200 Mbit/s) for ``--near-s``, far (300 ms, 1 % loss, 20 Mbit/s) for ``--far-s``, then near
+again, and trains ``--task`` with one fixed codec, or with ``auto`` (the link policy,
+``--policy table|cost``). The clock starts when round 0 opens; the schedule, when it closes.
+
+The target is the **held-out** loss (``task.eval_loss``) of the coordinator's weights,
+which it checkpoints after every round: the bench keeps each round's checkpoint, stops a
+run once one reaches ``--target-loss`` (or after ``--max-s``), and reports the first
+round that did, the time to its close, and the bytes both ways until then. The agents'
+training loss is not used: it is one small batch per step, and its noise moved the
+previous version of this bench's rounds-to-target by more than the codecs did.
+
+Each codec runs every seed (initial weights and data order); the table gives mean and
+standard deviation over seeds of the time to target, its exchange part (round time less
+the slowest agent's local training), rounds and MB, and how many seeds each codec was
+fastest on. "Overall" is time to target first (the issue's goal), then bytes: the
+verdict line says whether ``auto`` beats every fixed codec on mean time, and how its
+bytes compare with the fastest fixed codec. Wall time depends on the host's load (the
+agents train on the same cores); rounds and bytes of a fixed codec do not: training is
+deterministic per seed and codec. Each run's held-out loss by round goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+import statistics
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from skyfed.lab.federation import Federation, FederationSpec
 from skyfed.lab.profiles import LinkProfile, Schedule, ScheduleStep, load_catalog
 from skyfed.lab.topology import AgentSpec, Lab, LabSpec
+from skyfed.tasks import load_task
+from skyfed.tasks.base import Task
 
 FAR = LinkProfile(name="bench-far", rtt_ms=300.0, jitter_ms=2.0, loss_pct=1.0, rate_mbit=20.0)
 NEAR = LinkProfile(name="bench-near", rtt_ms=10.0, jitter_ms=0.5, rate_mbit=200.0)
-MONITOR = "[monitor]\nwindow_s = 1.0\n"
+POLL_S = 0.2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Result:
     codec: str
-    reached: bool
-    seconds: float
-    rounds: int
-    loss: float
-    mbytes: float
-    codecs_seen: str
+    seed: int
+    reached: bool = False
+    seconds: float = float("nan")
+    rounds: int = 0
+    eval_loss: float = float("nan")
+    mbytes: float = float("nan")
+    exchange_s: float = float("nan")
+    """Of ``seconds``, what was not the slowest agent's local training: the link's part."""
+    share: str = ""
+    """Per downlink codec, the fraction of rounds until the target (``auto`` only varies)."""
 
 
-def run(codec: str, args: argparse.Namespace, workdir: Path) -> Result:
+@dataclass(slots=True)
+class Snapshots:
+    """Every round's checkpointed weights, as the run produced them. # round -> tensors"""
+
+    weights: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def grab(self, checkpoint_dir: Path) -> None:
+        try:
+            state = torch.load(checkpoint_dir / "latest.pt", map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError):
+            return  # not written yet, or replaced under us: the next poll gets it
+        self.weights.setdefault(int(state["round"]), state["weights"])
+
+    @contextlib.contextmanager
+    def watching(self, checkpoint_dir: Path) -> Iterator[None]:
+        """Grab every ``POLL_S`` in a thread, so that evaluations do not make it miss rounds."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(POLL_S):
+                self.grab(checkpoint_dir)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+class Evaluator:
+    """Held-out loss of a round's weights, cached."""
+
+    def __init__(self, task: Task, seed: int) -> None:
+        self.task = task
+        self.model = task.build_model(seed)
+        self.cache: dict[int, float] = {}
+
+    def __call__(self, snaps: Snapshots, round_: int) -> float:
+        if round_ not in self.cache:
+            with torch.no_grad():
+                for p, w in zip(self.model.parameters(), snaps.weights[round_], strict=True):
+                    p.copy_(w)
+            self.cache[round_] = self.task.eval_loss(self.model)
+        return self.cache[round_]
+
+    def first_below(self, snaps: Snapshots, target: float) -> int | None:
+        """The first snapshot round at or under ``target`` (checked from the last above)."""
+        above = [r for r, loss in self.cache.items() if loss > target]
+        for r in sorted(r for r in snaps.weights if r > max(above, default=-1)):
+            if self(snaps, r) <= target:
+                return r
+        return None
+
+
+def run(codec: str, seed: int, args: argparse.Namespace, workdir: Path) -> Result:
     catalog = load_catalog()
     catalog.profiles.update({NEAR.name: NEAR, FAR.name: FAR})
     agents = (AgentSpec(name="aws-1", profile="lan"), AgentSpec(name="gcp-1", profile=NEAR.name))
-    (workdir / "coordinator.toml").write_text(MONITOR)
+    spec = _federation_spec(codec, seed, args, workdir)
+    evaluate = Evaluator(load_task(args.task), seed)
+    snaps = Snapshots()
+    with Lab(spec=LabSpec(agents=agents), catalog=catalog) as lab:
+        Federation(lab, spec, workdir).start()
+        with snaps.watching(workdir / "checkpoints"):
+            _train(lab, args, workdir, snaps, evaluate)
+    rounds = _rounds(workdir / "status.json")
+    hit = evaluate.first_below(snaps, args.target_loss)
+    last = hit if hit is not None else max(snaps.weights, default=-1)
+    curve = " ".join(f"{r}:{loss:.3f}" for r, loss in sorted(evaluate.cache.items()))
+    print(f"... {codec} seed {seed} held-out loss by round: {curve}", file=sys.stderr)
+    return _result(codec, seed, rounds, last, hit is not None, evaluate(snaps, last))
+
+
+def _federation_spec(
+    codec: str, seed: int, args: argparse.Namespace, workdir: Path
+) -> FederationSpec:
+    policy = f'mode = "{args.policy}"\n'
+    (workdir / "coordinator.toml").write_text(
+        f'task = "{args.task}"\nseed = {seed}\n[monitor]\nwindow_s = 1.0\n[policy]\n{policy}'
+    )
+    (workdir / "agent.toml").write_text(f'task = "{args.task}"\nseed = {seed}\n')
     coordinator_args = ("--codec", codec, "--config", str(workdir / "coordinator.toml"))
     coordinator_args += ("--status-file", str(workdir / "status.json"), "--heartbeat-ms", "200")
-    spec = FederationSpec(rounds=100_000, coordinator_args=coordinator_args)
-    with Lab(spec=LabSpec(agents=agents), catalog=catalog) as lab:
-        fed = Federation(lab, spec, workdir)
-        fed.start()
-        steps = ((NEAR.name, args.near_s), (FAR.name, args.far_s), (NEAR.name, 3600.0))
-        schedule = Schedule(
-            name="near-far-near", steps=tuple(ScheduleStep(profile=p, hold_s=s) for p, s in steps)
-        )
-        started = None
-        deadline = time.monotonic() + args.max_s + 60
-        result = None
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            rounds = _rounds(workdir / "status.json")
-            if rounds and started is None:
-                lab.run_schedule("gcp-1", schedule)  # the clock starts with training
-                started = time.monotonic()
-            result = _summary(codec, rounds, args.target_loss)
-            if result.reached or (started and time.monotonic() - started > args.max_s):
-                break
-        log = fed.log("coordinator").read_text()
-        seen = sorted(
-            {line.split("to=")[1].split()[0] for line in log.splitlines() if "to=" in line}
-        )
-    assert result is not None
-    return replace(result, codecs_seen=",".join(seen) or codec)
+    agent_args = ("--config", str(workdir / "agent.toml"))
+    return FederationSpec(rounds=100_000, coordinator_args=coordinator_args, agent_args=agent_args)
+
+
+def _train(
+    lab: Lab, args: argparse.Namespace, workdir: Path, snaps: Snapshots, evaluate: Evaluator
+) -> None:
+    """Poll checkpoints until one is under the target, or ``--max-s`` after round 0."""
+    started = None
+    checked = time.monotonic()
+    deadline = time.monotonic() + args.max_s + 60  # start-up included
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        if snaps.weights and started is None:
+            lab.run_schedule("gcp-1", _schedule(args))  # the link changes with training
+            started = time.monotonic()
+        if started and time.monotonic() - started > args.max_s:
+            return
+        if snaps.weights and time.monotonic() - checked > args.eval_every_s:
+            checked = time.monotonic()
+            if evaluate(snaps, max(snaps.weights)) <= args.target_loss:
+                return
+
+
+def _schedule(args: argparse.Namespace) -> Schedule:
+    steps = ((NEAR.name, args.near_s), (FAR.name, args.far_s), (NEAR.name, 3600.0))
+    return Schedule(
+        name="near-far-near", steps=tuple(ScheduleStep(profile=p, hold_s=s) for p, s in steps)
+    )
 
 
 def _rounds(path: Path) -> list[dict]:
@@ -83,42 +193,118 @@ def _rounds(path: Path) -> list[dict]:
         return []
 
 
-def _summary(codec: str, rounds: list[dict], target: float) -> Result:
-    seconds = mbytes = 0.0
-    loss = float("nan")
-    for i, r in enumerate(rounds):
-        seconds += r.get("durationS", 0.0)
-        mbytes += (int(r.get("bytesUp", 0)) + int(r.get("bytesDown", 0))) / 1e6
-        loss = r.get("meanLoss", float("nan"))
-        if loss <= target:
-            return Result(codec, True, seconds, i + 1, loss, mbytes, "")
-    return Result(codec, False, seconds, len(rounds), loss, mbytes, "")
+def _result(
+    codec: str, seed: int, rounds: list[dict], last: int, reached: bool, loss: float
+) -> Result:
+    """Time and bytes from round 0's opening to round ``last``'s close."""
+    until = [r for r in rounds if int(r.get("round", 0)) <= last]
+    seconds = sum(r.get("durationS", 0.0) for r in until)
+    exchange_s = seconds - sum(r.get("trainS", 0.0) for r in until)
+    nbytes = sum(int(r.get("bytesUp", 0)) + int(r.get("bytesDown", 0)) for r in until)
+    names = [str(r.get("downlinkCodec", codec)).split(":")[0] for r in until]  # no params
+    share = " ".join(f"{n}:{names.count(n) / len(names):.0%}" for n in sorted(set(names)))
+    return Result(codec, seed, reached, seconds, len(until), loss, nbytes / 1e6, exchange_s, share)
+
+
+def _mean_sd(values: list[float], digits: int = 1) -> str:
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def table(results: list[Result], codecs: list[str]) -> Iterator[str]:
+    """One line per codec: mean ± sd over seeds of time, rounds, time per round and MB."""
+    yield (
+        f"{'codec':<7}{'reached':>8}{'time s':>15}{'exchange s':>15}{'rounds':>14}{'MB':>15}"
+        f"{'fastest':>9}"
+    )
+    for codec in codecs:
+        rs = [r for r in results if r.codec == codec]
+        ok = [r for r in rs if r.reached]
+        cols = (
+            _mean_sd([r.seconds for r in ok]),
+            _mean_sd([r.exchange_s for r in ok]),
+            _mean_sd([float(r.rounds) for r in ok]),
+            _mean_sd([r.mbytes for r in ok], 2),
+        )
+        wins = f"{sum(_fastest(results, r.seed) == codec for r in rs)}/{len(rs)}"
+        yield (
+            f"{codec:<7}{f'{len(ok)}/{len(rs)}':>8}"
+            + "".join(f"{c:>15}" for c in cols)
+            + (f"{wins:>8}")
+        )
+    for r in results:
+        if r.codec == "auto":
+            yield f"  auto seed {r.seed}: rounds per downlink codec {r.share}"
+
+
+def _fastest(results: list[Result], seed: int) -> str:
+    """The codec that reached the target first with ``seed`` ("" if none did)."""
+    ok = [r for r in results if r.seed == seed and r.reached]
+    return min(ok, key=lambda r: r.seconds).codec if ok else ""
+
+
+def verdict(results: list[Result], codecs: list[str]) -> str:
+    """Does ``auto`` beat every fixed codec on mean time to target? Bytes as the tie-break."""
+    means = {}
+    for codec in codecs:
+        rs = [r for r in results if r.codec == codec]
+        if rs and all(r.reached for r in rs):
+            means[codec] = (
+                statistics.mean(r.seconds for r in rs),
+                statistics.mean(r.mbytes for r in rs),
+            )
+    fixed = {c: m for c, m in means.items() if c != "auto"}
+    if "auto" not in means or not fixed:
+        return "verdict: auto or every fixed codec missed the target in some run"
+    best = min(fixed, key=lambda c: fixed[c])
+    (t_auto, b_auto), (t_best, b_best) = means["auto"], fixed[best]
+    word = "beats" if t_auto < t_best else "does not beat"
+    return (
+        f"verdict: auto {word} the fastest fixed codec ({best}) on mean time to target: "
+        f"{t_auto:.1f} s vs {t_best:.1f} s ({(t_auto / t_best - 1):+.0%}); "
+        f"bytes {b_auto:.2f} MB vs {b_best:.2f} MB"
+    )
+
+
+def _keep(workdir: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in [workdir / "status.json", *workdir.glob("*.log")]:
+        if path.exists():
+            shutil.copy(path, dest / path.name)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--codecs", default="fp16,topk,ecsgd,auto")
-    parser.add_argument("--target-loss", type=float, default=2.3)
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated; every codec runs each")
+    parser.add_argument("--task", default="chargpt", help="registered task name")
+    parser.add_argument("--policy", choices=("table", "cost"), default="table")
+    parser.add_argument("--target-loss", type=float, default=2.4, help="held-out loss")
     parser.add_argument("--near-s", type=float, default=10.0)
     parser.add_argument("--far-s", type=float, default=30.0)
-    parser.add_argument("--max-s", type=float, default=90.0)
+    parser.add_argument("--max-s", type=float, default=120.0)
+    parser.add_argument("--eval-every-s", type=float, default=2.0)
+    parser.add_argument("--keep", type=Path, help="copy each run's status and logs here")
     args = parser.parse_args(argv)
+    codecs = args.codecs.split(",")
     results = []
-    for codec in args.codecs.split(","):
-        with tempfile.TemporaryDirectory(prefix=f"skyfed-adaptive-{codec}-") as tmp:
-            results.append(run(codec, args, Path(tmp)))
-            print(f"... {results[-1]}", file=sys.stderr)
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for codec in codecs:
+            with tempfile.TemporaryDirectory(prefix=f"skyfed-adaptive-{codec}-") as tmp:
+                results.append(run(codec, seed, args, Path(tmp)))
+                if args.keep:
+                    _keep(Path(tmp), args.keep / f"{codec}-seed{seed}")
+                print(f"... {results[-1]}", file=sys.stderr, flush=True)
     print(
-        f"link: {NEAR.rtt_ms:g} ms for {args.near_s:g} s, then {FAR.rtt_ms:g} ms "
-        f"{FAR.loss_pct:g}% loss {FAR.rate_mbit:g} Mbit/s for {args.far_s:g} s, then "
-        f"{NEAR.rtt_ms:g} ms; target mean loss {args.target_loss}"
+        f"task {args.task}, policy {args.policy}; link: {NEAR.rtt_ms:g} ms for {args.near_s:g} s, "
+        f"then {FAR.rtt_ms:g} ms {FAR.loss_pct:g}% loss {FAR.rate_mbit:g} Mbit/s for "
+        f"{args.far_s:g} s, then {NEAR.rtt_ms:g} ms; target held-out loss {args.target_loss}; "
+        f"seeds {args.seeds}"
     )
-    print(f"{'codec':<7}{'reached':>8}{'time s':>9}{'rounds':>8}{'loss':>8}{'MB':>9}  codecs")
-    for r in results:
-        print(
-            f"{r.codec:<7}{'yes' if r.reached else 'no':>8}{r.seconds:>9.1f}{r.rounds:>8}"
-            f"{r.loss:>8.3f}{r.mbytes:>9.2f}  {r.codecs_seen}"
-        )
+    print("\n".join(table(results, codecs)))
+    print(verdict(results, codecs))
     return 0
 
 
