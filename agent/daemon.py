@@ -17,7 +17,7 @@ from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, decode_payload
-from skyfed.compression.spec import codec_from_spec
+from skyfed.compression.spec import codec_from_spec, parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
@@ -131,7 +131,8 @@ class Agent:
         )
         link.send(pb.AgentMessage(hello=hello))
         welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome
-        self.codec, self.max_chunk_bytes = _checked_codec(welcome.codec), welcome.max_chunk_bytes
+        self.codec = _checked_codec(wire_spec(welcome.codec, welcome.codec_params))
+        self.max_chunk_bytes = welcome.max_chunk_bytes
         link.start_heartbeats(welcome.heartbeat_ms / 1000)
         if welcome.weights_follow:
             self._receive_weights(link)
@@ -245,9 +246,10 @@ class Agent:
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")
         self.last_round, self.applied = end.round, self.applied + 1
-        if end.codec != self.codec:
-            log.info("[Agent.Codec] %s -> %s from round %d", self.codec, end.codec, end.round + 1)
-            self.codec = _checked_codec(end.codec)
+        spec = wire_spec(end.codec, end.codec_params)
+        if spec != self.codec:
+            log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
+            self.codec = _checked_codec(spec)
         self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
@@ -314,7 +316,7 @@ class Agent:
             "loss": self.last_loss,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
-            "codec": self.codec,
+            "codec": parse_spec(self.codec)[0],
         }
         _write_atomic(self.config.report, json.dumps(report, indent=1))
 

@@ -10,6 +10,7 @@ applies the same bytes, and no acknowledged round is ever lost.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -23,7 +24,6 @@ import torch
 from google.protobuf import json_format
 
 from skyfed.compression import make_codec
-from skyfed.compression.spec import format_spec
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.aggregate import Contribution, RoundAggregate
 from skyfed.coordinator.config import CoordinatorConfig
@@ -147,15 +147,17 @@ class Federation:
             self._forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
-    def _codec_spec(self, name: str) -> str:
-        """The codec with the policy's parameters, so the agent encodes exactly that."""
-        return format_spec(name, self.config.policy.codec_params(name))
+    def _codec_params(self, name: str) -> str:
+        """The policy's parameters for ``name`` as JSON, so the agent encodes exactly that."""
+        params = self.config.policy.codec_params(name)
+        return json.dumps(params, sort_keys=True) if params else ""
 
     def _welcome(self, session: Session, weights_follow: bool) -> pb.CoordinatorMessage:
         welcome = pb.Welcome(
             round=self.round,
             weights_follow=weights_follow,
-            codec=self._codec_spec(session.codec),
+            codec=session.codec,
+            codec_params=self._codec_params(session.codec),
             max_chunk_bytes=self.config.max_chunk_bytes,
             heartbeat_ms=self.config.heartbeat_ms,
             identity=session.identity.uri,
@@ -431,7 +433,8 @@ class Federation:
                         weights_digest=self.weights_digest,
                         contributors=contributors,
                         mean_loss=mean_loss,
-                        codec=self._codec_spec(s.codec),
+                        codec=s.codec,
+                        codec_params=self._codec_params(s.codec),
                         final=final,
                     )
                 )

@@ -48,10 +48,11 @@ class Hello(_message.Message):
     def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("round", "weights_follow", "codec", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id")
+    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
+    CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +63,7 @@ class Welcome(_message.Message):
     round: int
     weights_follow: bool
     codec: str
+    codec_params: str
     max_chunk_bytes: int
     heartbeat_ms: int
     identity: str
@@ -69,7 +71,7 @@ class Welcome(_message.Message):
     probe_key: bytes
     probe_interval_ms: int
     probe_id: bytes
-    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes")
@@ -132,7 +134,7 @@ class Receipt(_message.Message):
     def __init__(self, round: _Optional[int] = ..., accepted: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RoundEnd(_message.Message):
-    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final")
+    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final", "codec_params")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +142,7 @@ class RoundEnd(_message.Message):
     MEAN_LOSS_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     weights_digest: str
@@ -147,7 +150,8 @@ class RoundEnd(_message.Message):
     mean_loss: float
     codec: str
     final: bool
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
+    codec_params: str
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ..., codec_params: _Optional[str] = ...) -> None: ...
 
 class WeightsEnd(_message.Message):
     __slots__ = ("round", "chunks", "weights_digest")
