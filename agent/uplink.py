@@ -45,8 +45,7 @@ class Uplink:
             shard = self.shards[i]
             if d is None or (shard is not None and shard[2] == 0):
                 continue
-            data, p = self.feedback.encode(key, codec, d)
-            sent[key] = p - self.feedback.residuals[key]
+            data, sent[key] = self.feedback.encode(key, codec, d)
             payloads.append(Payload(i, shard, codec.name, data))
         self._unacked[round] = sent
         return payloads
@@ -56,15 +55,14 @@ class Uplink:
         for key, d in zip(self.keys, delta, strict=True):
             if d is None:
                 continue
-            r = self.feedback.residuals.get(key)
-            self.feedback.residuals[key] = d if r is None else r + d
+            self.feedback.credit(key, d)
 
     def acked(self, round: int) -> None:
         self._unacked.pop(round, None)
 
     def refused(self, round: int) -> None:
         for key, s in self._unacked.pop(round, {}).items():
-            self.feedback.residuals[key] = self.feedback.residuals[key] + s
+            self.feedback.credit(key, s)
 
     def prune(self, round: int) -> None:
         """Forget contributions older than the previous round: no receipt will come now."""

@@ -21,25 +21,21 @@ class ErrorFeedback:
     residuals: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def encode(self, key: str, codec: Codec, g: torch.Tensor) -> tuple[bytes, torch.Tensor]:
-        """Encode ``g`` plus the key's residual; return the payload and the pre-encode value.
+        """Encode ``g`` plus the key's residual; return the payload and what it sends, ``D(c)``.
 
-        The returned ``p = g + e`` lets the caller :meth:`restore` it if the payload is
-        never accepted (a late or refused contribution), so the work is delayed, not lost.
+        If the payload is never counted (a late or refused contribution), :meth:`credit` the
+        returned ``sent`` back, so the work is delayed, not lost.
         """
         previous = self.residuals.get(key)
         p = g if previous is None else g + previous
         payload, residual = codec.encode_with_feedback(p, None)
         self.residuals[key] = residual
-        return payload, p
+        return payload, p - residual
 
-    def restore(self, key: str, p: torch.Tensor) -> None:
-        """Put an unsent ``p`` back into the residual (the payload never counted)."""
-        self.residuals[key] = p
-
-    def norm(self) -> float:
-        """L2 norm over all residuals, for logs and tests."""
-        total = sum(float(r.double().pow(2).sum()) for r in self.residuals.values())
-        return total**0.5
+    def credit(self, key: str, x: torch.Tensor) -> None:
+        """Add ``x`` to the key's residual: unsent work that goes out with a later payload."""
+        previous = self.residuals.get(key)
+        self.residuals[key] = x if previous is None else previous + x
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the residuals (a checkpoint must not change as training goes on)."""

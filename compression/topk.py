@@ -181,9 +181,9 @@ def _decode_values(body: memoryview, kind: int, k: int, scale: np.float32) -> to
         raise PayloadError(f"topk body is too short for {k} values")
     if k == 0:
         return torch.zeros(0)
-    if kind == 0:
-        return _dequantize(readonly_tensor(np.frombuffer(body, dtype=np.int8)), scale)
-    values_k = _dequantize(readonly_tensor(np.frombuffer(body, dtype=np.float16)), scale)
+    wire_dtype = np.int8 if kind == 0 else np.float16
+    values_k = _dequantize(readonly_tensor(np.frombuffer(body, dtype=wire_dtype)), scale)
+    # A finite but huge scale (a flipped exponent bit) overflows INT8 values too.
     if not torch.isfinite(values_k).all():
         raise PayloadError("topk payload holds non-finite values")
     return values_k

@@ -8,7 +8,6 @@ exact to well below float32 resolution, and the mean independent of arrival orde
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -21,12 +20,15 @@ from skyfed.proto.serde import ShardCoords
 
 
 class RoundAggregate:
-    """Sum of ``samples * update`` over committed and in-flight contributions of one round."""
+    """Sum of ``samples * update`` over committed and in-flight contributions of one round.
+
+    Not thread-safe on its own: the federation calls ``apply``, ``commit``, ``withdraw`` and
+    ``mean`` under its one lock; only ``Contribution.check`` runs outside it.
+    """
 
     def __init__(self, spec: Sequence[TensorInfo]) -> None:
         self.spec = list(spec)
         self._sums = [torch.zeros(t.shape, dtype=torch.float64) for t in self.spec]
-        self._lock = threading.Lock()
         self.total_samples = 0
         self.committed = 0
 
@@ -39,12 +41,10 @@ class RoundAggregate:
         """The weighted mean of the committed contributions, float32."""
         if self.committed == 0:
             raise RuntimeError("no contribution was committed this round")
-        with self._lock:
-            return [(s / self.total_samples).to(torch.float32) for s in self._sums]
+        return [(s / self.total_samples).to(torch.float32) for s in self._sums]
 
     def _add(self, tensor: int, shard: ShardCoords, values: torch.Tensor, sign: float) -> None:
-        with self._lock:
-            _narrow(self._sums[tensor], shard).add_(values.to(torch.float64), alpha=sign)
+        _narrow(self._sums[tensor], shard).add_(values.to(torch.float64), alpha=sign)
 
 
 class Contribution:
@@ -85,9 +85,8 @@ class Contribution:
         if not self.complete:
             missing = [t.name for i, t in enumerate(self._agg.spec) if not self._is_full(i)]
             raise BadContributionError(f"contribution ends without tensors {missing[:5]}")
-        with self._agg._lock:
-            self._agg.total_samples += self.samples
-            self._agg.committed += 1
+        self._agg.total_samples += self.samples
+        self._agg.committed += 1
         self._added.clear()
         self.done = True
 

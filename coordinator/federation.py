@@ -379,8 +379,8 @@ class Federation:
         self.weights_digest = weights_digest(self.weights)
         final = self.config.rounds > 0 and self.round + 1 >= self.config.rounds
         self._checkpoint()
+        self._record_round(codec_name, contributors)
         self._broadcast(payloads, contributors, final)
-        self._record_round(codec_name, contributors, payloads)
         self.write_status()
         self.round += 1
         self.finished = final
@@ -416,7 +416,6 @@ class Federation:
                 max_chunk_bytes=self.config.max_chunk_bytes,
             )
         ]
-        mean_loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
         for s in list(self.sessions.values()):
             before = s.bytes_down
             for message in chunks:
@@ -432,7 +431,7 @@ class Federation:
                         chunks=len(chunks),
                         weights_digest=self.weights_digest,
                         contributors=contributors,
-                        mean_loss=mean_loss,
+                        mean_loss=self.stats.mean_loss,
                         codec=s.codec,
                         codec_params=self._codec_params(s.codec),
                         final=final,
@@ -441,7 +440,8 @@ class Federation:
             )
             self.stats.bytes_down += s.bytes_down - before
 
-    def _record_round(self, codec_name: str, contributors: int, payloads: list[Payload]) -> None:
+    def _record_round(self, codec_name: str, contributors: int) -> None:
+        """Close the round's stats; ``bytes_down`` is added by the broadcast that follows."""
         st = self.stats
         st.duration_s = time.monotonic() - st.opened_at
         st.contributors = contributors

@@ -27,7 +27,7 @@ def pki(tmp_path: Path) -> CertificateAuthority:
 
 
 @pytest.fixture
-def serve(pki: CertificateAuthority, tmp_path: Path) -> Iterator[Callable[..., Running]]:
+def serve(pki: CertificateAuthority) -> Iterator[Callable[..., Running]]:
     """Start an in-process coordinator on a free port: ``serve(quorum=2, ...)``."""
     with contextlib.ExitStack() as stack:
 

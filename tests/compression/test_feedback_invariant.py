@@ -55,8 +55,8 @@ def test_topk_residual_keeps_what_was_not_sent_so_it_is_sent_later() -> None:
 def test_a_refused_contribution_is_restored_not_lost() -> None:
     ef, codec = ErrorFeedback(), make_codec("topk", density=0.01)
     g1, g2 = torch.randn(500), torch.randn(500)
-    _, p = ef.encode("w", codec, g1)
-    ef.restore("w", p)  # the round closed before the payload arrived
+    _, sent = ef.encode("w", codec, g1)
+    ef.credit("w", sent)  # the round closed before the payload arrived
     payload, _ = ef.encode("w", codec, g2)
     assert torch.allclose(decode_payload(payload) + ef.residuals["w"], g1 + g2, atol=1e-5)
 

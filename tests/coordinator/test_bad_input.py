@@ -70,7 +70,7 @@ def send(agent, header: pb.Contribution | None, chunks: list[pb.Chunk]) -> None:
 
 
 def _bad_values(value: float):
-    def make(chunks):
+    def make():
         values = deltas(99)
         values[BAD_TENSOR].view(-1)[3] = value
         return contribution(values)
@@ -79,7 +79,7 @@ def _bad_values(value: float):
 
 
 def _mutate_chunk(mutation):
-    def make(chunks_unused):
+    def make():
         header, chunks = contribution(deltas(99))
         i = first_chunk_of(chunks, BAD_TENSOR)
         chunks = mutation(chunks, i)
@@ -118,7 +118,7 @@ def _garble(chunks, i):
     return chunks
 
 
-def _wrong_shape(chunks_unused):
+def _wrong_shape():
     values = deltas(99)
     values[BAD_TENSOR] = values[BAD_TENSOR].reshape(-1)[:-1]
     return contribution(values)
@@ -157,7 +157,7 @@ def test_bad_contribution_is_refused_and_never_reaches_the_aggregate(serve, raw_
     aws, gcp, bad = (raw_agent(running.port, n) for n in ("aws-1", "gcp-1", "azure-1"))
     join(aws, "aws", "aws-1"), join(gcp, "gcp", "gcp-1"), join(bad, "azure", "azure-1")
 
-    send(bad, *make(None))
+    send(bad, *make())
     got, details = bad.ended()
     assert got == code, details
     assert words in details
