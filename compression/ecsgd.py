@@ -18,6 +18,9 @@ _MAX_BLOCK = 1 << 20
 _PARAMS = struct.Struct("<BxxxI")
 # Stochastic rounding draws one random byte per element: u = (r + 1/2) / 256.
 _DITHER_LEVELS = 256
+# Per bit width: the uniform quantizer's half-range, in RMS, with the least squared error
+# on a Gaussian (Max 1960); the 1-bit sign scales by the mean magnitude instead.
+_LEAST_SQUARES_CLIP = {1: 0.0, 2: 1.5, 4: 2.5}
 # Larger scales would overflow float32 in D(q) = s * (2 q / (L - 1) - 1) as computed.
 MAX_SCALE = 1e38
 
@@ -27,9 +30,17 @@ class EcSgd(Codec):
 
     Every block of ``B`` elements of ``p = g + e`` is quantized to ``L = 2**bits`` levels:
 
-    - 2 and 4 bits: ``s = max|p_B|``, ``y = (p / s + 1) (L - 1) / 2`` rounded
-      stochastically, ``q = floor(y + u)``; ``D(q) = s (2 q / (L - 1) - 1)``. ``E[D(q)] =
-      p`` up to the 8-bit dither (``u = (r + 1/2) / 256``: bias below 1/512 of a step).
+    - 2 and 4 bits: ``s = min(max|p_B|, c * rms(p_B))``, ``y = (p / s + 1) (L - 1) / 2``
+      clamped to ``[0, L - 1]`` and rounded stochastically, ``q = floor(y + u)``;
+      ``D(q) = s (2 q / (L - 1) - 1)``. ``E[D(q)] = p`` for ``|p| <= s``, up to the 8-bit
+      dither (``u = (r + 1/2) / 256``: bias below 1/512 of a step). Elements beyond ``s``
+      are sent as ``+-s`` and the error feedback carries the rest to the next round.
+      ``c`` (``clip``) defaults to the scale of the uniform quantizer with the least
+      mean-square error on a Gaussian (Max 1960): 1.5 RMS at 2 bits (step 0.996 sigma),
+      2.5 at 4 bits (step 0.335 sigma). Scaling by the block's peak instead makes the
+      step as large as the biggest element, which the residual makes stand out: 2 bits
+      ended 9.5 % above FP32 in ``bench/convergence.py`` that way, against +0.3 %
+      clipped (README, Figures). ``clip=0`` scales by the peak.
     - 1 bit: the scaled sign of EF-SGD (Karimireddy, Rebjock, Stich and Jaggi, ICML 2019):
       ``s = mean|p_B|``, ``D(q) = s sign(p)``; biased, which the error feedback corrects.
 
@@ -40,13 +51,19 @@ class EcSgd(Codec):
     name = "ecsgd"
     wire_id = 4
 
-    def __init__(self, bits: int = 2, block: int = 1024, seed: int | None = None) -> None:
+    def __init__(
+        self, bits: int = 2, block: int = 1024, clip: float | None = None, seed: int | None = None
+    ) -> None:
         if bits not in _BITS:
             raise ValueError(f"bits must be one of {_BITS}, got {bits!r}")
         if not (8 <= block <= _MAX_BLOCK and block % 8 == 0):
             raise ValueError(f"block must be a multiple of 8 in [8, {_MAX_BLOCK}], got {block!r}")
+        clip = _LEAST_SQUARES_CLIP[bits] if clip is None else clip
+        if not (clip == 0 or 1.0 <= clip <= 1e3):
+            raise ValueError(f"clip must be 0 (the block's peak) or in [1, 1000], got {clip!r}")
         self.bits = bits
         self.block = block
+        self.clip = float(clip)
         self._random = np.random.PCG64(seed)
         self._random_lock = threading.Lock()
 
@@ -69,7 +86,7 @@ class EcSgd(Codec):
     ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
         """The payload, the codes ``(nb * B,)`` uint8 and the scales ``(nb,)``."""
         blocks = _padded_blocks(flat, self.block)  # (nb, B)
-        scales_nb = _block_scales(blocks, self.bits, flat.numel())
+        scales_nb = _block_scales(blocks, self.bits, flat.numel(), self.clip)
         if scales_nb.numel() and not float(scales_nb.max()) <= MAX_SCALE:
             raise ValueError(f"ecsgd input holds inf, NaN or magnitudes above {MAX_SCALE}")
         if self.bits == 1:
@@ -126,7 +143,7 @@ class EcSgd(Codec):
         return 32.0 / (self.bits + 32.0 / self.block)
 
     def __repr__(self) -> str:
-        return f"EcSgd(bits={self.bits}, block={self.block})"
+        return f"EcSgd(bits={self.bits}, block={self.block}, clip={self.clip})"
 
 
 def _parse_params(params: bytes) -> tuple[int, int]:
@@ -148,16 +165,20 @@ def _padded_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
     return padded.view(-1, block)
 
 
-def _block_scales(blocks: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
-    """``(nb,)`` float32: ``max|p|`` per block, or ``mean|p|`` for the 1-bit sign."""
+def _block_scales(blocks: torch.Tensor, bits: int, numel: int, clip: float) -> torch.Tensor:
+    """``(nb,)`` float32: ``min(max|p|, clip * rms(p))`` per block, or ``mean|p|`` for the
+    1-bit sign (the zero padding of a ragged last block does not count)."""
     if blocks.numel() == 0:
         return torch.zeros(0)
-    if bits > 1:
-        return torch.maximum(blocks.amax(1), blocks.amin(1).neg_())
-    scales = blocks.abs().sum(1)
-    counts = torch.full_like(scales, float(blocks.shape[1]))
+    counts = torch.full((blocks.shape[0],), float(blocks.shape[1]))
     counts[-1] = numel - (blocks.shape[0] - 1) * blocks.shape[1]
-    return scales.div_(counts)
+    if bits == 1:
+        return blocks.abs().sum(1).div_(counts)
+    peaks = torch.maximum(blocks.amax(1), blocks.amin(1).neg_())
+    if not clip:
+        return peaks
+    rms = torch.linalg.vector_norm(blocks, dim=1).div_(counts.sqrt_())
+    return torch.minimum(peaks, rms.mul_(clip))
 
 
 def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

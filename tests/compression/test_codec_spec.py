@@ -18,7 +18,16 @@ def test_plain_name_is_a_spec():
 
 
 @pytest.mark.parametrize(
-    "spec", ["zip", "topk:{", 'topk:{"nope": 1}', "topk:[1]", "ecsgd:" + "x" * 600]
+    "spec",
+    [
+        "zip",
+        "topk:{",
+        'topk:{"nope": 1}',
+        "topk:[1]",
+        "ecsgd:" + "x" * 600,
+        'ecsgd:{"clip": 0.5}',
+        'ecsgd:{"bits": 3}',
+    ],
 )
 def test_bad_spec_is_a_value_error(spec):
     with pytest.raises(ValueError):
