@@ -1,14 +1,15 @@
 """Adaptive link policy against every fixed codec, over a link that changes mid-run.
 
-    sudo python bench/adaptive.py                        # 4 codecs x 3 seeds, ~11 min
-    sudo python bench/adaptive.py --seeds 0,1,2,3,4      # 5 seeds, ~20 min
-    sudo python bench/adaptive.py --codecs ecsgd,auto --policy cost --target-loss 2.4
+    sudo python bench/adaptive.py                        # 5 codecs x 3 seeds, ~15 min
+    sudo python bench/adaptive.py --seeds 0,1,2,3,4      # 5 seeds, ~25 min
+    sudo python bench/adaptive.py --codecs ecsgd,auto:cost --target-loss 2.4
 
 Each run builds a fresh network lab (root, network namespaces): a coordinator and two
 agents, ``aws-1`` on a steady ``lan`` link and ``gcp-1`` on a link that is near (10 ms,
 200 Mbit/s) for ``--near-s``, far (300 ms, 1 % loss, 20 Mbit/s) for ``--far-s``, then near
-again, and trains ``--task`` with one fixed codec, or with ``auto`` (the link policy,
-``--policy table|cost``). The clock starts when round 0 opens; the schedule, when it closes.
+again, and trains ``--task`` with one fixed codec, or with the link policy: ``auto:table``
+and ``auto:cost`` (``auto`` alone takes ``--policy``). The clock starts when round 0 opens;
+the schedule, when it closes.
 
 The target is the **held-out** loss (``task.eval_loss``) of the coordinator's weights,
 which it checkpoints after every round: the bench keeps each round's checkpoint, stops a
@@ -148,12 +149,17 @@ def run(codec: str, seed: int, args: argparse.Namespace, workdir: Path) -> Resul
 def _federation_spec(
     codec: str, seed: int, args: argparse.Namespace, workdir: Path
 ) -> FederationSpec:
-    policy = f'mode = "{args.policy}"\n'
+    policy = f'mode = "{_policy(codec, args)}"\n'
     (workdir / "coordinator.toml").write_text(
         f'task = "{args.task}"\nseed = {seed}\n[monitor]\nwindow_s = 1.0\n[policy]\n{policy}'
     )
     (workdir / "agent.toml").write_text(f'task = "{args.task}"\nseed = {seed}\n')
-    coordinator_args = ("--codec", codec, "--config", str(workdir / "coordinator.toml"))
+    coordinator_args = (
+        "--codec",
+        codec.partition(":")[0],
+        "--config",
+        str(workdir / "coordinator.toml"),
+    )
     coordinator_args += ("--status-file", str(workdir / "status.json"), "--heartbeat-ms", "200")
     agent_args = ("--config", str(workdir / "agent.toml"))
     return FederationSpec(rounds=100_000, coordinator_args=coordinator_args, agent_args=agent_args)
@@ -235,8 +241,8 @@ def table(results: list[Result], codecs: list[str]) -> Iterator[str]:
             + (f"{wins:>8}")
         )
     for r in results:
-        if r.codec == "auto":
-            yield f"  auto seed {r.seed}: rounds per downlink codec {r.share}"
+        if _adaptive(r.codec):
+            yield f"  {r.codec} seed {r.seed}: rounds per downlink codec {r.share}"
 
 
 def _fastest(results: list[Result], seed: int) -> str:
@@ -245,8 +251,9 @@ def _fastest(results: list[Result], seed: int) -> str:
     return min(ok, key=lambda r: r.seconds).codec if ok else ""
 
 
-def verdict(results: list[Result], codecs: list[str]) -> str:
-    """Does ``auto`` beat every fixed codec on mean time to target? Bytes as the tie-break."""
+def verdict(results: list[Result], codecs: list[str]) -> Iterator[str]:
+    """Does each adaptive policy beat every fixed codec on mean time to target? Bytes as
+    the tie-break."""
     means = {}
     for codec in codecs:
         rs = [r for r in results if r.codec == codec]
@@ -255,17 +262,28 @@ def verdict(results: list[Result], codecs: list[str]) -> str:
                 statistics.mean(r.seconds for r in rs),
                 statistics.mean(r.mbytes for r in rs),
             )
-    fixed = {c: m for c, m in means.items() if c != "auto"}
-    if "auto" not in means or not fixed:
-        return "verdict: auto or every fixed codec missed the target in some run"
-    best = min(fixed, key=lambda c: fixed[c])
-    (t_auto, b_auto), (t_best, b_best) = means["auto"], fixed[best]
-    word = "beats" if t_auto < t_best else "does not beat"
-    return (
-        f"verdict: auto {word} the fastest fixed codec ({best}) on mean time to target: "
-        f"{t_auto:.1f} s vs {t_best:.1f} s ({(t_auto / t_best - 1):+.0%}); "
-        f"bytes {b_auto:.2f} MB vs {b_best:.2f} MB"
-    )
+    fixed = {c: m for c, m in means.items() if not _adaptive(c)}
+    for policy in (c for c in codecs if _adaptive(c)):
+        if policy not in means or not fixed:
+            yield f"verdict: {policy} or every fixed codec missed the target in some run"
+            continue
+        best = min(fixed, key=lambda c: fixed[c])
+        (t_auto, b_auto), (t_best, b_best) = means[policy], fixed[best]
+        word = "beats" if t_auto < t_best else "does not beat"
+        yield (
+            f"verdict: {policy} {word} the fastest fixed codec ({best}) on mean time to "
+            f"target: {t_auto:.1f} s vs {t_best:.1f} s ({(t_auto / t_best - 1):+.0%}); "
+            f"bytes {b_auto:.2f} MB vs {b_best:.2f} MB"
+        )
+
+
+def _adaptive(codec: str) -> bool:
+    return codec.partition(":")[0] == "auto"
+
+
+def _policy(codec: str, args: argparse.Namespace) -> str:
+    """The link policy's mode for ``auto:MODE`` (``--policy`` for a bare ``auto``)."""
+    return codec.partition(":")[2] or args.policy
 
 
 def _keep(workdir: Path, dest: Path) -> None:
@@ -277,10 +295,12 @@ def _keep(workdir: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--codecs", default="fp16,topk,ecsgd,auto")
+    parser.add_argument("--codecs", default="fp16,topk,ecsgd,auto:table,auto:cost")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated; every codec runs each")
     parser.add_argument("--task", default="chargpt", help="registered task name")
-    parser.add_argument("--policy", choices=("table", "cost"), default="table")
+    parser.add_argument(
+        "--policy", choices=("table", "cost"), default="table", help="mode of a bare auto"
+    )
     parser.add_argument("--target-loss", type=float, default=2.4, help="held-out loss")
     parser.add_argument("--near-s", type=float, default=10.0)
     parser.add_argument("--far-s", type=float, default=30.0)
@@ -298,13 +318,13 @@ def main(argv: list[str] | None = None) -> int:
                     _keep(Path(tmp), args.keep / f"{codec}-seed{seed}")
                 print(f"... {results[-1]}", file=sys.stderr, flush=True)
     print(
-        f"task {args.task}, policy {args.policy}; link: {NEAR.rtt_ms:g} ms for {args.near_s:g} s, "
+        f"task {args.task}; link: {NEAR.rtt_ms:g} ms for {args.near_s:g} s, "
         f"then {FAR.rtt_ms:g} ms {FAR.loss_pct:g}% loss {FAR.rate_mbit:g} Mbit/s for "
         f"{args.far_s:g} s, then {NEAR.rtt_ms:g} ms; target held-out loss {args.target_loss}; "
         f"seeds {args.seeds}"
     )
     print("\n".join(table(results, codecs)))
-    print(verdict(results, codecs))
+    print("\n".join(verdict(results, codecs)))
     return 0
 
 

@@ -8,10 +8,13 @@ and applies its choice at the next round boundary.
   RTT up to ``heavy_above_rtt_ms`` or moderate loss -> ``medium`` (topk); beyond, or high
   loss -> ``heavy`` (ecsgd). A boundary at ``T`` is crossed upwards above ``T (1 + h)`` and
   downwards below ``T (1 - h)``, so a link whose RTT wanders around ``T`` stays put.
-- ``cost`` mode: predict each codec's exchange time,
-  ``t = rtt + 2 * bytes / goodput + encode + decode``, from measured link figures and each
-  codec's measured :class:`CodecProfile`; take the least-compressing codec within
-  ``cost_tie_pct`` of the fastest, among those allowed by the compression budget.
+- ``cost`` mode: predict each codec's round time on the link,
+  ``t = train + rtt + 2 * bytes / goodput + encode + decode``, from the agent's measured
+  local training time, measured link figures and each codec's measured
+  :class:`CodecProfile`; take the least-compressing codec within ``cost_tie_pct`` of the
+  fastest, among those allowed by the compression budget. Counting the training time is
+  what keeps a light codec on a link whose rounds are compute-bound: saving a few
+  milliseconds of a second-long round is not worth the compression error.
 - Dwell, in both modes: heavier only after ``heavier_after_windows`` consecutive windows
   that all want heavier (to the lightest of what they want); lighter after
   ``lighter_after_windows`` consecutive windows that want the same lighter codec, so a
@@ -157,10 +160,14 @@ def predict_exchange_s(profile: CodecProfile, stats: LinkStats) -> float:
 
 
 def cost_choice(
-    stats: LinkStats, config: PolicyConfig, profiles: dict[str, CodecProfile]
+    stats: LinkStats,
+    config: PolicyConfig,
+    profiles: dict[str, CodecProfile],
+    train_s: float = 0.0,
 ) -> str | None:
-    """The least-compressing codec predicted within ``cost_tie_pct`` of the fastest;
-    None while RTT or goodput is unmeasured."""
+    """The least-compressing codec whose round (``train_s`` of local training plus the
+    predicted exchange) is within ``cost_tie_pct`` of the fastest; None while RTT or
+    goodput is unmeasured."""
     if not (math.isfinite(stats.rtt_ms) and stats.goodput_mbit > 0):
         return None
     allowed = [
@@ -168,7 +175,7 @@ def cost_choice(
     ]
     if not allowed:
         return None
-    times = {p.name: predict_exchange_s(p, stats) for p in allowed}
+    times = {p.name: train_s + predict_exchange_s(p, stats) for p in allowed}
     fastest = min(times.values())
     fast = [p for p in allowed if times[p.name] <= fastest * (1 + config.cost_tie_pct / 100)]
     return min(fast, key=lambda p: p.ratio).name
@@ -179,10 +186,13 @@ def step(
     stats: LinkStats,
     config: PolicyConfig,
     profiles: dict[str, CodecProfile] | None = None,
+    train_s: float = 0.0,
 ) -> PolicyState:
-    """Advance one window: the link's next state (``.codec`` changes only after dwell)."""
+    """Advance one window: the link's next state (``.codec`` changes only after dwell).
+
+    ``train_s`` is the agent's local training time per round (cost mode only)."""
     order = _order(config, profiles)
-    target = _target(state, stats, config, profiles, order)
+    target = _target(state, stats, config, profiles, order, train_s)
     current = order.index(state.codec) if state.codec in order else 0
     goal = order.index(target)
     if goal == current:
@@ -206,9 +216,10 @@ def _target(
     config: PolicyConfig,
     profiles: dict[str, CodecProfile] | None,
     order: list[str],
+    train_s: float,
 ) -> str:
     if config.mode == "cost" and profiles:
-        choice = cost_choice(stats, config, profiles)
+        choice = cost_choice(stats, config, profiles, train_s)
         if choice is not None:
             return choice
     ladder = config.ladder

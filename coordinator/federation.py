@@ -307,7 +307,9 @@ class Federation:
             contribution.commit()
             session.contribution, session.assembler = None, None
             session.last_round = session.contribution_round
-            self.links.get(session).upload_done(session.bytes_up, time.monotonic())
+            self.links.get(session).upload_done(
+                session.bytes_up, time.monotonic(), session.pending_train_s
+            )
             session.state = "idle"
             self.contributed.add(session.key)
             self._losses.append(session.pending_loss)

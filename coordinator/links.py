@@ -45,6 +45,8 @@ class LinkState:
         self.lock = threading.Lock()
         self._settled = self._lost = 0
         self._upload: tuple[float, int] | None = None
+        self.train_s = 0.0
+        """The agent's local training time per round, from its latest contribution."""
 
     def restart(self) -> None:
         """A new session: its probe counts start from zero again."""
@@ -70,8 +72,10 @@ class LinkState:
         with self.lock:
             self._upload = (now_s, bytes_up)
 
-    def upload_done(self, bytes_up: int, now_s: float) -> None:
+    def upload_done(self, bytes_up: int, now_s: float, train_s: float = 0.0) -> None:
         with self.lock:
+            if math.isfinite(train_s) and train_s >= 0:
+                self.train_s = train_s
             if self._upload is not None:
                 t0, b0 = self._upload
                 self.monitor.add_transfer(now_s, bytes_up - b0, now_s - t0)
@@ -83,7 +87,7 @@ class LinkState:
             if math.isnan(window.rtt_ms) and not window.probes:
                 continue  # nothing measured in it: no evidence either way
             self.decided_on = self.monitor.latest()
-            self.state = step(self.state, self.decided_on, self.policy, self.profiles)
+            self.state = step(self.state, self.decided_on, self.policy, self.profiles, self.train_s)
 
     def stats(self) -> LinkStats:
         with self.lock:

@@ -164,6 +164,15 @@ def test_cost_model_picks_the_fastest_and_prefers_less_compression_on_a_tie():
     assert cost_choice(LinkStats(rtt_ms=10.0), PolicyConfig(mode="cost"), PROFILES) is None
 
 
+def test_cost_model_keeps_the_light_codec_where_training_dominates_the_round():
+    near = LinkStats(rtt_ms=10.0, goodput_mbit=400.0)  # fp16 0.092 s, topk 0.033 s
+    assert cost_choice(near, PolicyConfig(mode="cost"), PROFILES) == "topk"
+    # With 1 s of local training per round the two rounds are 1.092 s and 1.033 s: a tie.
+    assert cost_choice(near, PolicyConfig(mode="cost"), PROFILES, train_s=1.0) == "fp16"
+    far = LinkStats(rtt_ms=300.0, goodput_mbit=5.0)  # fp16 6.7 s: too slow however long
+    assert cost_choice(far, PolicyConfig(mode="cost"), PROFILES, train_s=1.0) == "topk"
+
+
 def test_cost_model_stays_within_the_compression_budget():
     slow = LinkStats(rtt_ms=100.0, goodput_mbit=10.0)
     config = PolicyConfig(mode="cost", max_ratio=20.0)
