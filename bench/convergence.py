@@ -7,8 +7,8 @@ It mirrors the federation. Each of N simulated sites starts a round from the sha
 weights, takes ``--local-steps`` AdamW steps (its optimizer state persists, as an agent's
 does) and sends the pseudo-gradient ``delta = w_start - w_end`` through its codec with its
 own error feedback (``p = g + e; c = C(p); e = p - D(c)``). The coordinator averages the
-decoded deltas, compresses the mean back with its own error feedback (DoubleSqueeze) and
-every site applies ``w -= D(c)``. ``--exchange grad`` instead sends raw gradients every
+decoded deltas, compresses the mean back with its own error feedback (DoubleSqueeze; Top-k
+at the union's density, ``Codec.for_downlink``) and every site applies ``w -= D(c)``. ``--exchange grad`` instead sends raw gradients every
 step and applies AdamW after aggregation (data-parallel SGD), for comparison.
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
@@ -92,7 +92,8 @@ class Exchange:
             total = sum(
                 self.send(ef, key, codec, s[key]) for ef, s in zip(self.uplinks, sent, strict=True)
             )
-            mean[key] = self.send(self.downlink, key, codec, total / len(sent))
+            down = codec.for_downlink(len(sent))
+            mean[key] = self.send(self.downlink, key, down, total / len(sent))
         return mean
 
 

@@ -53,6 +53,13 @@ class Codec(ABC):
         """Raw float32 bytes over payload bytes, estimated without encoding."""
         return 1.0
 
+    def for_downlink(self, senders: int) -> Codec:
+        """The codec that sends the mean of ``senders`` uplinks of this codec back.
+
+        The same codec for every codec whose payload size does not depend on its input.
+        """
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -128,6 +128,18 @@ class TopK(Codec):
         flat[torch.from_numpy(idx_k)] = values_k
         return result
 
+    def for_downlink(self, senders: int) -> TopK:
+        """Top-k at ``senders`` times the density: room for the union of what was sent.
+
+        The mean of ``senders`` top-k uplinks has up to ``senders * k`` non-zeros. Cutting
+        it back to ``k`` parks most of what the agents sent in the coordinator's residual
+        for rounds, which cost as much convergence as the uplink's own sparsification
+        (README, Figures); Deep Gradient Compression's all-gather likewise delivers every
+        worker's ``k`` to every worker.
+        """
+        density = min(1.0, self.density * max(1, senders))
+        return TopK(density=density, values=self.values, dense_below=self.dense_below)
+
     def estimate_ratio(self, numel: int) -> float:
         k = self.k_for(numel)
         if k == 0:

@@ -376,8 +376,8 @@ class Federation:
         if self.config.outer_lr != 1.0:
             update = [u * self.config.outer_lr for u in update]
         codec_name = self._downlink_codec()
-        payloads = self._encode_downlink(update, codec_name)
         contributors = self.aggregate.committed
+        payloads = self._encode_downlink(update, codec_name, contributors)
         self.weights_digest = weights_digest(self.weights)
         final = self.config.rounds > 0 and self.round + 1 >= self.config.rounds
         self._checkpoint()
@@ -392,9 +392,12 @@ class Federation:
         if not final:
             self._maybe_open()
 
-    def _encode_downlink(self, update: list[torch.Tensor], codec_name: str) -> list[Payload]:
+    def _encode_downlink(
+        self, update: list[torch.Tensor], codec_name: str, contributors: int
+    ) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
-        codec = make_codec(codec_name, **self.config.policy.codec_params(codec_name))
+        params = self.config.policy.codec_params(codec_name)
+        codec = make_codec(codec_name, **params).for_downlink(contributors)
         if self.residual is None and not codec.lossless:
             self.residual = [torch.zeros_like(w) for w in self.weights]
         payloads = []
