@@ -24,8 +24,9 @@ the slowest agent's local training), rounds and MB, and how many seeds each code
 fastest on. "Overall" is time to target first (the issue's goal), then bytes: the
 verdict line says whether ``auto`` beats every fixed codec on mean time, and how its
 bytes compare with the fastest fixed codec. Wall time depends on the host's load (the
-agents train on the same cores); rounds and bytes of a fixed codec do not: training is
-deterministic per seed and codec. Each run's held-out loss by round goes to stderr.
+agents train on the same cores), and so do rounds and bytes: a round closes on quorum
+and deadline, so which contributions make it depends on timing. Each run's held-out
+loss by round goes to stderr.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def _mean_sd(values: list[float], digits: int = 1) -> str:
 def table(results: list[Result], codecs: list[str]) -> Iterator[str]:
     """One line per codec: mean ± sd over seeds of time, rounds, time per round and MB."""
     yield (
-        f"{'codec':<7}{'reached':>8}{'time s':>15}{'exchange s':>15}{'rounds':>14}{'MB':>15}"
+        f"{'codec':<11}{'reached':>8}{'time s':>15}{'exchange s':>15}{'rounds':>14}{'MB':>15}"
         f"{'fastest':>9}"
     )
     for codec in codecs:
@@ -236,7 +237,7 @@ def table(results: list[Result], codecs: list[str]) -> Iterator[str]:
         )
         wins = f"{sum(_fastest(results, r.seed) == codec for r in rs)}/{len(rs)}"
         yield (
-            f"{codec:<7}{f'{len(ok)}/{len(rs)}':>8}"
+            f"{codec:<11}{f'{len(ok)}/{len(rs)}':>8}"
             + "".join(f"{c:>15}" for c in cols)
             + (f"{wins:>8}")
         )
