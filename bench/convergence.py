@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from skyfed.compression import Codec, ErrorFeedback, decode_payload, make_codec
-from skyfed.compression.schedule import DensityWarmup
+from skyfed.compression.policy import PolicyConfig
 from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
 
@@ -59,9 +59,9 @@ RUNS = [
 
 def codec_at(label: str, warmup_rounds: int) -> CodecAt:
     """The codec schedule behind a run's label."""
-    if label.startswith("topk 0.1%"):
-        warm = DensityWarmup(final=0.001, start=0.25, steps=warmup_rounds)
-        return lambda t: make_codec("topk", density=warm.density(t))
+    if label.startswith("topk 0.1%"):  # the coordinator's [policy] with a warm-up
+        policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
+        return lambda t: make_codec("topk", **policy.codec_params("topk", t))
     fixed = {
         "fp32": make_codec("fp32"),
         "fp16": make_codec("fp16"),

@@ -32,6 +32,7 @@ import torch
 
 from skyfed.compression.monitor import LinkStats
 from skyfed.compression.registry import codec_names, make_codec
+from skyfed.compression.schedule import DensityWarmup
 
 MODES = ("table", "cost")
 
@@ -66,6 +67,12 @@ class PolicyConfig:
     """Top-k: fraction of elements sent."""
     topk_values: str = "int8"
     """Top-k: ``int8`` (with a scale) or ``fp16`` values."""
+    topk_warmup_rounds: int = 0
+    """Top-k: rounds over which the density falls geometrically from
+    ``topk_warmup_start`` to ``topk_density`` (Deep Gradient Compression's warm-up; 0:
+    none)."""
+    topk_warmup_start: float = 0.25
+    """Top-k: the density at round 0 when warming up."""
     ecsgd_bits: int = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
     max_ratio: float = 0.0
@@ -89,6 +96,9 @@ class PolicyConfig:
             _require(getattr(self, key) >= 1, key, getattr(self, key), ">= 1")
         _require(0 < self.topk_density <= 1, "topk_density", self.topk_density, "in (0, 1]")
         _require(self.topk_values in ("int8", "fp16"), "topk_values", self.topk_values, "int8|fp16")
+        warmup, start = self.topk_warmup_rounds, self.topk_warmup_start
+        _require(warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
+        _require(0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
         _require(self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
         _require(self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
         _require(self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
@@ -98,10 +108,19 @@ class PolicyConfig:
         """The table's codecs, lightest compression first."""
         return (self.light, self.medium, self.heavy)
 
-    def codec_params(self, name: str) -> dict[str, Any]:
-        """Constructor parameters of ``name`` under this policy."""
+    def codec_params(self, name: str, round_: int | None = None) -> dict[str, Any]:
+        """Constructor parameters of ``name`` under this policy, in round ``round_``
+        (None: after any warm-up)."""
         if name == "topk":
-            return {"density": self.topk_density, "values": self.topk_values}
+            density = self.topk_density
+            if round_ is not None and self.topk_warmup_rounds:
+                warmup = DensityWarmup(
+                    final=density,
+                    start=max(density, self.topk_warmup_start),
+                    steps=self.topk_warmup_rounds,
+                )
+                density = warmup.density(round_)
+            return {"density": density, "values": self.topk_values}
         if name == "ecsgd":
             return {"bits": self.ecsgd_bits}
         return {}

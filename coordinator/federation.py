@@ -147,9 +147,10 @@ class Federation:
             self._forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
-    def _codec_params(self, name: str) -> str:
-        """The policy's parameters for ``name`` as JSON, so the agent encodes exactly that."""
-        params = self.config.policy.codec_params(name)
+    def _codec_params(self, name: str, round_: int) -> str:
+        """The policy's parameters for ``name`` in ``round_`` as JSON, so the agent encodes
+        exactly that."""
+        params = self.config.policy.codec_params(name, round_)
         return json.dumps(params, sort_keys=True) if params else ""
 
     def _welcome(self, session: Session, weights_follow: bool) -> pb.CoordinatorMessage:
@@ -157,7 +158,7 @@ class Federation:
             round=self.round,
             weights_follow=weights_follow,
             codec=session.codec,
-            codec_params=self._codec_params(session.codec),
+            codec_params=self._codec_params(session.codec, self.round),
             max_chunk_bytes=self.config.max_chunk_bytes,
             heartbeat_ms=self.config.heartbeat_ms,
             identity=session.identity.uri,
@@ -396,7 +397,7 @@ class Federation:
         self, update: list[torch.Tensor], codec_name: str, contributors: int
     ) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
-        params = self.config.policy.codec_params(codec_name)
+        params = self.config.policy.codec_params(codec_name, self.round)
         codec = make_codec(codec_name, **params).for_downlink(contributors)
         if self.residual is None and not codec.lossless:
             self.residual = [torch.zeros_like(w) for w in self.weights]
@@ -438,7 +439,7 @@ class Federation:
                         contributors=contributors,
                         mean_loss=self.stats.mean_loss,
                         codec=s.codec,
-                        codec_params=self._codec_params(s.codec),
+                        codec_params=self._codec_params(s.codec, self.round + 1),
                         final=final,
                     )
                 )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+
+import pytest
 
 from skyfed.compression import codec_names
 from skyfed.fingerprint import weights_digest
@@ -97,3 +100,15 @@ def test_a_fixed_codec_is_kept_whatever_the_link(serve, raw_agent):
     assert (
         agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "topk"
     )
+
+
+def test_topk_density_warms_up_over_the_first_rounds(serve, raw_agent):
+    policy = {"topk_density": 0.01, "topk_warmup_rounds": 2, "topk_warmup_start": 0.25}
+    running = serve(min_agents=1, codec="topk", policy=policy)
+    agent = raw_agent(running.port, "aws-1")
+    densities = [json.loads(join(agent, "aws", "aws-1").codec_params)["density"]]
+    for round_ in range(2):
+        send(agent, *contribution(deltas(round_), round=round_))
+        end = agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end
+        densities.append(json.loads(end.codec_params)["density"])
+    assert densities == pytest.approx([0.25, 0.05, 0.01])  # 0.25 * (0.01 / 0.25) ** (t / 2)

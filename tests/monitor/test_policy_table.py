@@ -120,6 +120,11 @@ def test_thresholds_and_codecs_are_configurable():
     assert settle(LinkStats(rtt_ms=20.0, loss_pct=0.0), _fast(config)) == "topk"
     assert config.codec_params("topk") == {"density": 0.01, "values": "int8"}
     assert PolicyConfig(ecsgd_bits=4).codec_params("ecsgd") == {"bits": 4}
+    warm = PolicyConfig(topk_density=0.001, topk_warmup_rounds=3)
+    assert [warm.codec_params("topk", t)["density"] for t in (0, 3, 9)] == pytest.approx(
+        [0.25, 0.001, 0.001]
+    )
+    assert warm.codec_params("topk")["density"] == 0.001  # no round: after warm-up
 
 
 def _fast(config: PolicyConfig) -> PolicyConfig:
