@@ -40,15 +40,14 @@ class _ElementwiseCodec(Codec):
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
         flat = as_flat_f32(x)
-        # The header's length does not depend on the scale's value: cast first, head last.
-        head_len = len(frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(1.0)))
-        nbytes = flat.numel() * self.wire_dtype.itemsize
         if out is None:
             wire = self._scratch("wire", flat.numel(), self.wire_dtype)
             scale = self._cast(flat, wire)
             head = frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(scale))
             return head + memoryview(wire.view(torch.uint8).numpy())
-        region_B = out.take(head_len + nbytes)
+        # The header's length does not depend on the scale's value: cast first, head last.
+        head_len = len(frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(1.0)))
+        region_B = out.take(head_len + flat.numel() * self.wire_dtype.itemsize)
         scale = self._cast(flat, region_B[head_len:].view(self.wire_dtype))
         view = memoryview(region_B.numpy())
         view[:head_len] = frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(scale))

@@ -35,9 +35,14 @@ def _lab(agents: tuple[str, ...], mechanism: str, profiles: Path | None):  # noq
     return Lab(spec=spec, catalog=load_catalog(profiles))
 
 
-def _terminate_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every namespace and process is torn down."""
+def _tear_down_on_signals() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every namespace and process is torn down.
+
+    SIGINT is set back to Python's Ctrl-C handler too: a shell starts background jobs
+    with SIGINT ignored and Python keeps an inherited ignore, which would leave a lab
+    started from a script deaf to ``kill -INT`` and its namespaces behind."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _require_lab() -> None:
@@ -108,7 +113,7 @@ def check(
     from skyfed.lab.selfcheck import CheckSettings, measure_link
 
     _require_lab()
-    _terminate_on_sigterm()
+    _tear_down_on_signals()
     names = names or tuple(load_catalog(profiles).profiles)
     failed = 0
     for name in names:
@@ -130,7 +135,7 @@ def ceiling(seconds: float, repeat: int, mechanism: str) -> None:
     from skyfed.lab.selfcheck import measure_ceiling
 
     _require_lab()
-    _terminate_on_sigterm()
+    _tear_down_on_signals()
     with _lab(("probe=lan",), mechanism, None) as built:
         link = built.link("probe")
         link.set_profile(LinkProfile(name="unshaped", rtt_ms=0.0))
@@ -151,7 +156,7 @@ def up(agents: tuple[str, ...], do_check: bool, mechanism: str, profiles: Path |
     from skyfed.lab.selfcheck import check_lab
 
     _require_lab()
-    _terminate_on_sigterm()
+    _tear_down_on_signals()
     with _lab(agents, mechanism, profiles) as built:
         if do_check:
             for report in check_lab(built):
@@ -198,7 +203,7 @@ def run(
     from skyfed.lab.selfcheck import check_lab
 
     _require_lab()
-    _terminate_on_sigterm()
+    _tear_down_on_signals()
     if compose_file is not None:
         agents, rounds = _from_compose(compose_file, rounds)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="skyfed-lab-"))

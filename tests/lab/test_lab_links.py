@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -110,14 +111,16 @@ def test_stale_namespaces_of_a_dead_owner_are_reaped(lab_host: None) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_lab_up_tears_down_on_ctrl_c_and_sigterm(lab_host: None, sig: signal.Signals) -> None:
     argv = [sys.executable, "-m", "skyfed.lab", "up", "--agent", "aws-1=lan", "--no-check"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    # Started with SIGINT ignored, as a shell starts a background job: Ctrl-C still works.
+    ignore_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=ignore_sigint)
     assert proc.stdout is not None
     lines = [proc.stdout.readline() for _ in range(4)]
     assert lines[0].startswith("mechanism: "), lines
     mine = [ns for ns in list_namespaces() if ns.startswith(f"sfl-{proc.pid}-")]
     assert len(mine) == 2
     proc.send_signal(sig)
-    proc.wait(timeout=60)  # ~2 s when idle; once >20 s under a loaded full test run
+    proc.wait(timeout=20)
     proc.stdout.close()
     assert not [ns for ns in list_namespaces() if ns.startswith(f"sfl-{proc.pid}-")]
 
