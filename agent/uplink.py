@@ -40,14 +40,16 @@ class Uplink:
         ``codec_spec`` is what the coordinator sent: a name, maybe with parameters.
         """
         codec = codec_from_spec(codec_spec)
-        payloads, sent = [], {}
-        for i, (key, d) in enumerate(zip(self.keys, delta, strict=True)):
-            shard = self.shards[i]
-            if d is None or (shard is not None and shard[2] == 0):
-                continue
-            data, sent[key] = self.feedback.encode(key, codec, d)
-            payloads.append(Payload(i, shard, codec.name, data))
-        self._unacked[round] = sent
+        owned = {
+            i: (key, d)
+            for i, (key, d) in enumerate(zip(self.keys, delta, strict=True))
+            if d is not None and (self.shards[i] is None or self.shards[i][2] > 0)
+        }
+        encoded = self.feedback.encode_all(codec, dict(owned.values()))
+        payloads = [
+            Payload(i, self.shards[i], codec.name, encoded[key][0]) for i, (key, _) in owned.items()
+        ]
+        self._unacked[round] = {key: sent for key, (_, sent) in encoded.items()}
         return payloads
 
     def keep(self, delta: list[torch.Tensor | None]) -> None:

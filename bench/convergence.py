@@ -82,19 +82,16 @@ class Exchange:
         self.downlink = ErrorFeedback()
         self.feedback = feedback
 
-    def send(self, ef: ErrorFeedback, key: str, codec: Codec, g: torch.Tensor) -> torch.Tensor:
-        payload = ef.encode(key, codec, g)[0] if self.feedback else codec.encode(g)
-        return decode_payload(payload)
+    def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> Tensors:
+        """What the receiver decodes of ``tensors`` sent together (one contribution)."""
+        if not self.feedback:
+            return {k: decode_payload(codec.encode(g)) for k, g in tensors.items()}
+        return {k: decode_payload(p) for k, (p, _) in ef.encode_all(codec, tensors).items()}
 
     def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
-        mean = {}
-        for key in sent[0]:
-            total = sum(
-                self.send(ef, key, codec, s[key]) for ef, s in zip(self.uplinks, sent, strict=True)
-            )
-            down = codec.for_downlink(len(sent))
-            mean[key] = self.send(self.downlink, key, down, total / len(sent))
-        return mean
+        ups = [self.send(ef, codec, s) for ef, s in zip(self.uplinks, sent, strict=True)]
+        mean = {key: sum(u[key] for u in ups) / len(sent) for key in sent[0]}
+        return self.send(self.downlink, codec.for_downlink(len(sent)), mean)
 
 
 class Site:

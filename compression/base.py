@@ -53,6 +53,11 @@ class Codec(ABC):
         """Raw float32 bytes over payload bytes, estimated without encoding."""
         return 1.0
 
+    def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
+        """The codec for each of a set of tensors that travel together (one contribution,
+        one broadcast). This codec for every one, unless the codec plans across them."""
+        return dict.fromkeys(pending, self)
+
     def for_downlink(self, senders: int) -> Codec:
         """The codec that sends the mean of ``senders`` uplinks of this codec back.
 

@@ -26,11 +26,24 @@ class ErrorFeedback:
         If the payload is never counted (a late or refused contribution), :meth:`credit` the
         returned ``sent`` back, so the work is delayed, not lost.
         """
-        previous = self.residuals.get(key)
-        p = g if previous is None else g + previous
-        payload, residual = codec.encode_with_feedback(p, None)
-        self.residuals[key] = residual
-        return payload, p - residual
+        return self.encode_all(codec, {key: g})[key]
+
+    def encode_all(
+        self, codec: Codec, tensors: dict[str, torch.Tensor]
+    ) -> dict[str, tuple[bytes, torch.Tensor]]:
+        """:meth:`encode` for a set of tensors that travel together, so the codec can plan
+        across them (Top-k: one threshold for the set, :meth:`Codec.plan`)."""
+        pending = {}
+        for key, g in tensors.items():
+            previous = self.residuals.get(key)
+            pending[key] = g if previous is None else g + previous
+        out = {}
+        for key, each in codec.plan(pending).items():
+            p = pending[key]
+            payload, residual = each.encode_with_feedback(p, None)
+            self.residuals[key] = residual
+            out[key] = (payload, p - residual)
+        return out
 
     def credit(self, key: str, x: torch.Tensor) -> None:
         """Add ``x`` to the key's residual: unsent work that goes out with a later payload."""

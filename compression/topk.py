@@ -19,6 +19,8 @@ from skyfed.compression.select import TopKSelector
 MIN_DENSITY = 1e-6
 _VALUE_KINDS = ("int8", "fp16")
 _INDEX_VARINT, _INDEX_BITMAP = 0, 1
+# Elements sampled to set one threshold over a set of tensors (all of a model this size).
+_PLAN_SAMPLE = 1 << 20
 # value kind u8 | index kind u8 | index zstd u8 | pad | k u64 | scale f32 | index raw bytes u64
 _PARAMS = struct.Struct("<BBBxQfQ")
 
@@ -127,6 +129,33 @@ class TopK(Codec):
         flat = result.view(-1).zero_()
         flat[torch.from_numpy(idx_k)] = values_k
         return result
+
+    def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
+        """One threshold over every tensor of the set, so the set keeps ``density`` overall
+        but each tensor keeps what is above the threshold: ``k_i = #{|p_i| >= t}``.
+
+        Per-tensor top-k makes a tensor whose update is small and flat send as much as one
+        whose update matters; over the whole model the largest 1 % carry several times the
+        energy of every tensor's own largest 1 % (README, Figures). ``t`` is the ``k``-th
+        magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set.
+        Tensors under ``dense_below`` still go whole.
+        """
+        big = {k: v for k, v in pending.items() if v.numel() >= max(1, self.dense_below)}
+        plan: dict[str, Codec] = dict.fromkeys(pending, self)
+        total = sum(v.numel() for v in big.values())
+        if len(big) < 2 or self.density >= 1.0:
+            return plan
+        stride = max(1, total // _PLAN_SAMPLE)
+        sample = torch.cat([v.detach().reshape(-1)[::stride].abs() for v in big.values()])
+        rank = max(1, round(self.density * sample.numel()))
+        threshold = float(torch.topk(sample, rank, sorted=False).values.min())
+        if not (math.isfinite(threshold) and threshold > 0.0):
+            return plan
+        for key, v in big.items():
+            count = int(torch.count_nonzero(v.detach().abs() >= threshold))
+            density = min(1.0, max(count / v.numel(), MIN_DENSITY))
+            plan[key] = TopK(density=density, values=self.values, dense_below=self.dense_below)
+        return plan
 
     def for_downlink(self, senders: int) -> TopK:
         """Top-k at ``senders`` times the density: room for the union of what was sent.

@@ -401,14 +401,16 @@ class Federation:
         codec = make_codec(codec_name, **params).for_downlink(contributors)
         if self.residual is None and not codec.lossless:
             self.residual = [torch.zeros_like(w) for w in self.weights]
+        if codec.lossless:
+            for w, u in zip(self.weights, update, strict=True):
+                w.sub_(u)
+            return [Payload(i, None, codec_name, codec.encode(u)) for i, u in enumerate(update)]
+        pending = {str(i): u + self.residual[i] for i, u in enumerate(update)}
         payloads = []
-        for i, u in enumerate(update):
-            if codec.lossless:
-                data, decoded = codec.encode(u), u
-            else:
-                data, self.residual[i] = codec.encode_with_feedback(u, self.residual[i])
-                decoded = codec.decode(data)
-            self.weights[i].sub_(decoded)
+        for key, each in codec.plan(pending).items():  # Top-k: one threshold for the model
+            i = int(key)
+            data, self.residual[i] = each.encode_with_feedback(pending[key], None)
+            self.weights[i].sub_(each.decode(data))
             payloads.append(Payload(i, None, codec_name, data))
         return payloads
 

@@ -81,3 +81,21 @@ def test_downlink_has_room_for_the_union_of_the_uplinks() -> None:
     assert torch.equal(decode_payload(downlink.encode(mean)).nonzero(), mean.nonzero())
     assert make_codec("topk", density=0.5).for_downlink(3).density == 1.0
     assert make_codec("fp16").for_downlink(3).name == "fp16"
+
+
+def test_one_threshold_over_a_set_sends_where_the_update_is_large() -> None:
+    gen = torch.Generator().manual_seed(0)
+    pending = {
+        "loud": torch.randn(20_000, generator=gen),
+        "quiet": torch.randn(20_000, generator=gen) * 1e-3,
+        "bias": torch.randn(100, generator=gen) * 1e-3,  # under dense_below: goes whole
+    }
+    codec = make_codec("topk", density=0.01)
+    plan = codec.plan(pending)
+    kept = {key: c.k_for(pending[key].numel()) for key, c in plan.items()}
+    assert kept["quiet"] == 1 and kept["bias"] == 100
+    assert abs(kept["loud"] - 400) <= 8  # the set's 1 %, all of it in the loud tensor
+    threshold = pending["loud"].abs().sort(descending=True).values[kept["loud"] - 1]
+    assert int((pending["loud"].abs() >= threshold).sum()) == kept["loud"]
+    fp16 = make_codec("fp16")
+    assert fp16.plan(pending) == dict.fromkeys(pending, fp16)

@@ -37,6 +37,25 @@ def test_sent_plus_residual_equals_fed_over_many_steps(name: str, params: dict) 
     _run(ErrorFeedback(), [make_codec(name, **params)], 60, (50, 40))
 
 
+def test_invariant_holds_per_tensor_when_a_set_is_planned_together() -> None:
+    gen = torch.Generator().manual_seed(0)
+    ef, codec = ErrorFeedback(), make_codec("topk", density=0.01)
+    shapes = {"a": (2000,), "b": (30, 100), "c": (10,)}
+    fed = {k: torch.zeros(s, dtype=torch.float64) for k, s in shapes.items()}
+    sent = {k: torch.zeros(s, dtype=torch.float64) for k, s in shapes.items()}
+    for step in range(40):
+        tensors = {
+            k: torch.randn(s, generator=gen) * (10.0 if k == "a" else 1.0)
+            for k, s in shapes.items()
+        }
+        for key, (payload, out) in ef.encode_all(codec, tensors).items():
+            fed[key] += tensors[key]
+            sent[key] += decode_payload(payload)
+            assert torch.equal(decode_payload(payload), out)
+            residual = ef.residuals[key].double()
+            assert torch.allclose(sent[key] + residual, fed[key], atol=1e-4 * (step + 1) ** 0.5)
+
+
 def test_invariant_holds_across_codec_switches() -> None:
     codecs = [make_codec(n, **p) for n, p in LOSSY]
     _run(ErrorFeedback(), codecs, 70, (3, 777))
