@@ -93,9 +93,8 @@ def test_one_threshold_over_a_set_sends_where_the_update_is_large() -> None:
     codec = make_codec("topk", density=0.01)
     plan = codec.plan(pending)
     kept = {key: c.k_for(pending[key].numel()) for key, c in plan.items()}
-    assert kept["quiet"] == 1 and kept["bias"] == 100
-    assert abs(kept["loud"] - 400) <= 8  # the set's 1 %, all of it in the loud tensor
-    threshold = pending["loud"].abs().sort(descending=True).values[kept["loud"] - 1]
-    assert int((pending["loud"].abs() >= threshold).sum()) == kept["loud"]
+    # The set's 1 % (400 of 40,000 sampled whole), all of it in the loud tensor; a tensor
+    # with nothing above the threshold still sends its single largest element.
+    assert kept == {"loud": 400, "quiet": 1, "bias": 100}
     fp16 = make_codec("fp16")
     assert fp16.plan(pending) == dict.fromkeys(pending, fp16)

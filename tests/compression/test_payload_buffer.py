@@ -8,15 +8,7 @@ import torch
 from skyfed.compression import decode_payload, make_codec
 from skyfed.compression.frame import PayloadBuffer
 
-CODECS = [
-    ("fp32", {}),
-    ("fp16", {}),
-    ("bf16", {}),
-    ("topk", {"density": 0.01}),
-    ("topk", {"density": 0.3, "values": "fp16"}),
-    ("ecsgd", {"bits": 1}),
-    ("ecsgd", {"bits": 2, "block": 64}),
-]
+from .test_codec_roundtrip import CODECS
 
 
 @pytest.mark.parametrize(("name", "params"), CODECS)
