@@ -402,6 +402,9 @@ class Federation:
         if self.residual is None and not codec.lossless:
             self.residual = [torch.zeros_like(w) for w in self.weights]
         if codec.lossless:
+            if self.residual is not None:  # a lossless round owes nothing: send what was held
+                update = [u + r for u, r in zip(update, self.residual, strict=True)]
+                self.residual = None
             for w, u in zip(self.weights, update, strict=True):
                 w.sub_(u)
             return [Payload(i, None, codec_name, codec.encode(u)) for i, u in enumerate(update)]

@@ -27,7 +27,7 @@ def model_and_spec():
     return [p.detach().clone() for _, p in named], model_spec(named)
 
 
-def join(agent, cloud: str, name: str) -> pb.Welcome:
+def join(agent, cloud: str, name: str, codecs: tuple[str, ...] = ("fp32",)) -> pb.Welcome:
     weights, spec = model_and_spec()
     agent.send(
         hello=pb.Hello(
@@ -35,7 +35,7 @@ def join(agent, cloud: str, name: str) -> pb.Welcome:
             name=name,
             task="chargpt",
             tensors=specs_to_proto(spec),
-            codecs=["fp32"],
+            codecs=list(codecs),
             last_round=-1,
             weights_digest=weights_digest(weights),
         )

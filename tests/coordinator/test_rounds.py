@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from .test_bad_input import contribution, deltas, expected_weights, join, send
+from .test_bad_input import contribution, deltas, expected_weights, join, model_and_spec, send
 
 
 def test_contribution_sent_before_round_zero_opens_counts(serve, raw_agent):
@@ -91,3 +91,29 @@ def test_restarted_agent_is_not_counted_twice_in_one_round(serve, raw_agent):
     assert again.expect("round_end").round_end.contributors == 2
     for got, want in zip(running.federation.weights, expected_weights(1, 2), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+
+
+def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_back(
+    serve, raw_agent
+):
+    running = serve(codec="topk")
+    lossy = raw_agent(running.port, "aws-1")
+    assert join(lossy, "aws", "aws-1", codecs=("fp32", "topk")).codec == "topk"
+    send(lossy, *contribution(deltas(1), round=0))
+    assert lossy.expect("receipt").receipt.accepted
+    lossy.expect("round_end")
+    assert running.federation.history[-1].downlink_codec == "topk"
+    assert any(r.abs().sum() > 0 for r in running.federation.residual)
+    lossy.close()
+    plain = raw_agent(running.port, "gcp-1")
+    assert join(plain, "gcp", "gcp-1").codec == "fp32"  # this agent cannot decode topk
+    plain.expect("weights_end")  # it joined behind: the current weights follow the welcome
+    send(plain, *contribution(deltas(2), round=1))
+    assert plain.expect("receipt").receipt.accepted
+    plain.expect("round_end")
+    assert running.federation.history[-1].downlink_codec == "fp32"
+    # Both rounds' means (one contributor each) reached the weights in full.
+    weights, _ = model_and_spec()
+    applied = zip(running.federation.weights, weights, deltas(1), deltas(2), strict=True)
+    for got, w, d1, d2 in applied:
+        torch.testing.assert_close(got, w - d1 - d2, rtol=0, atol=1e-6)
