@@ -48,6 +48,10 @@ class LinkStats:
     loss_pct: float = math.nan
     """One-way packet loss, from round-trip probe loss assuming both directions alike."""
     goodput_mbit: float = math.nan
+    goodput_rtt_ms: float = math.nan
+    """The RTT while ``goodput_mbit`` was measured: a transfer that a window, not the line
+    rate, limits runs at about one window per round trip, so the policy rescales goodput
+    by this over the current RTT (the codec in use may send too little to measure it)."""
     windows: int = 0
     """Windows closed so far."""
 
@@ -162,8 +166,10 @@ class LinkMonitor:
         return window
 
     def _fold(self, w: Window) -> None:
-        for key in ("rtt_ms", "jitter_ms", "goodput_mbit"):
-            value = getattr(w, key)
+        values = {"rtt_ms": w.rtt_ms, "jitter_ms": w.jitter_ms, "goodput_mbit": w.goodput_mbit}
+        if math.isfinite(w.goodput_mbit):  # the RTT that goodput was measured at
+            values["goodput_rtt_ms"] = w.rtt_ms if math.isfinite(w.rtt_ms) else self._rtt()
+        for key, value in values.items():
             if math.isfinite(value):
                 old = self._ewma.get(key)
                 a = self.config.alpha
@@ -188,6 +194,7 @@ class LinkMonitor:
             jitter_ms=last.jitter_ms,
             loss_pct=smoothed.loss_pct,
             goodput_mbit=smoothed.goodput_mbit,
+            goodput_rtt_ms=smoothed.goodput_rtt_ms,
             windows=smoothed.windows,
         )
 
@@ -198,8 +205,12 @@ class LinkMonitor:
             jitter_ms=self._ewma.get("jitter_ms", math.nan),
             loss_pct=one_way_loss_pct(self._probes_ewma, self._lost_ewma),
             goodput_mbit=self._ewma.get("goodput_mbit", math.nan),
+            goodput_rtt_ms=self._ewma.get("goodput_rtt_ms", math.nan),
             windows=self.windows,
         )
+
+    def _rtt(self) -> float:
+        return self._ewma.get("rtt_ms", math.nan)
 
 
 def _require(ok: bool, name: str, value: object) -> None:

@@ -9,7 +9,8 @@ and applies its choice at the next round boundary.
   loss -> ``heavy`` (ecsgd). A boundary at ``T`` is crossed upwards above ``T (1 + h)`` and
   downwards below ``T (1 - h)``, so a link whose RTT wanders around ``T`` stays put.
 - ``cost`` mode: predict each codec's round time on the link,
-  ``t = train + rtt + 2 * bytes / goodput + encode + decode``, from the agent's measured
+  ``t = train + rtt + 2 * bytes / goodput + encode + decode`` (goodput rescaled to the
+  current RTT, :func:`predict_exchange_s`), from the agent's measured
   local training time, measured link figures and each codec's measured
   :class:`CodecProfile`; take the least-compressing codec within ``cost_tie_pct`` of the
   fastest, among those allowed by the compression budget. Counting the training time is
@@ -172,8 +173,15 @@ def table_level(stats: LinkStats, config: PolicyConfig, current: int) -> int:
 
 
 def predict_exchange_s(profile: CodecProfile, stats: LinkStats) -> float:
-    """One round's exchange on this link: a round trip, the payload both ways, the codec."""
+    """One round's exchange on this link: a round trip, the payload both ways, the codec.
+
+    Goodput is rescaled from the RTT it was measured at to the current one (window-limited
+    TCP moves a window per round trip): when a link's RTT jumps, the codec in use (Top-k:
+    a few kB, too little to time) may not measure its new goodput for a long while.
+    """
     rate_bit_s = stats.goodput_mbit * 1e6
+    if stats.goodput_rtt_ms > 0 and stats.rtt_ms > 0:  # both measured (nan compares False)
+        rate_bit_s *= stats.goodput_rtt_ms / stats.rtt_ms
     transfer_s = 2 * profile.payload_bytes * 8 / rate_bit_s
     return stats.rtt_ms / 1000 + transfer_s + profile.encode_s + profile.decode_s
 

@@ -82,6 +82,18 @@ def test_goodput_is_bytes_over_seconds_of_real_transfers_and_small_ones_are_igno
     assert len(monitor.transfer_samples) == 1
 
 
+def test_goodput_keeps_the_rtt_it_was_measured_at():
+    monitor = LinkMonitor(MonitorConfig(window_s=1.0, alpha=1.0), start_s=0.0)
+    monitor.add_rtt(0.1, 20.0)
+    monitor.add_transfer(0.2, 1_000_000, 0.08)
+    monitor.poll(1.0)
+    monitor.add_rtt(1.5, 300.0)  # the link turned far; nothing large enough was sent since
+    monitor.poll(2.0)
+    stats = monitor.stats()
+    assert (stats.rtt_ms, stats.goodput_mbit, stats.goodput_rtt_ms) == (300.0, 100.0, 20.0)
+    assert monitor.latest().goodput_rtt_ms == 20.0
+
+
 def test_raw_samples_are_kept_for_plots_but_bounded():
     monitor = LinkMonitor(MonitorConfig(window_s=1.0, max_samples=16), start_s=0.0)
     for i in range(100):

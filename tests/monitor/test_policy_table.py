@@ -178,6 +178,20 @@ def test_cost_model_keeps_the_light_codec_where_training_dominates_the_round():
     assert cost_choice(far, PolicyConfig(mode="cost"), PROFILES, train_s=1.0) == "topk"
 
 
+def test_cost_model_rescales_goodput_measured_at_another_rtt():
+    # Goodput was timed while the link was near (20 ms); it is far now, and Top-k sends too
+    # little to time again: a window-limited transfer at 300 ms runs 15x slower.
+    far_now = LinkStats(rtt_ms=300.0, goodput_mbit=100.0, goodput_rtt_ms=20.0)
+    rate = 100e6 * 20 / 300
+    assert predict_exchange_s(PROFILES["ecsgd"], far_now) == pytest.approx(
+        0.3 + 2 * 270_000 * 8 / rate + 0.02
+    )
+    assert cost_choice(far_now, PolicyConfig(mode="cost"), PROFILES, train_s=1.0) == "topk"
+    # Taken at face value, the near link's goodput made ecsgd look as fast: a needless switch.
+    stale = LinkStats(rtt_ms=300.0, goodput_mbit=100.0)
+    assert cost_choice(stale, PolicyConfig(mode="cost"), PROFILES, train_s=1.0) == "ecsgd"
+
+
 def test_cost_model_stays_within_the_compression_budget():
     slow = LinkStats(rtt_ms=100.0, goodput_mbit=10.0)
     config = PolicyConfig(mode="cost", max_ratio=20.0)
