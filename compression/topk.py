@@ -135,8 +135,8 @@ class TopK(Codec):
         but each tensor keeps what is above the threshold: ``k_i = #{|p_i| >= t}``.
 
         Per-tensor top-k makes a tensor whose update is small and flat send as much as one
-        whose update matters; over the whole model the largest 1 % carry several times the
-        energy of every tensor's own largest 1 % (README, Figures). ``t`` is the ``k``-th
+        whose update matters; one threshold moved Top-k 1 %'s final loss from +3.37 % to
+        +1.92 % of FP32's on the same three seeds (README, Figures). ``t`` is the ``k``-th
         magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set.
         Tensors under ``dense_below`` still go whole.
         """
