@@ -168,7 +168,8 @@ class LinkMonitor:
     def _fold(self, w: Window) -> None:
         values = {"rtt_ms": w.rtt_ms, "jitter_ms": w.jitter_ms, "goodput_mbit": w.goodput_mbit}
         if math.isfinite(w.goodput_mbit):  # the RTT that goodput was measured at
-            values["goodput_rtt_ms"] = w.rtt_ms if math.isfinite(w.rtt_ms) else self._rtt()
+            rtt = w.rtt_ms if math.isfinite(w.rtt_ms) else self._ewma.get("rtt_ms", math.nan)
+            values["goodput_rtt_ms"] = rtt
         for key, value in values.items():
             if math.isfinite(value):
                 old = self._ewma.get(key)
@@ -208,9 +209,6 @@ class LinkMonitor:
             goodput_rtt_ms=self._ewma.get("goodput_rtt_ms", math.nan),
             windows=self.windows,
         )
-
-    def _rtt(self) -> float:
-        return self._ewma.get("rtt_ms", math.nan)
 
 
 def _require(ok: bool, name: str, value: object) -> None:
