@@ -8,8 +8,14 @@ weights, takes ``--local-steps`` AdamW steps (its optimizer state persists, as a
 does) and sends the pseudo-gradient ``delta = w_start - w_end`` through its codec with its
 own error feedback (``p = g + e; c = C(p); e = p - D(c)``). The coordinator averages the
 decoded deltas, compresses the mean back with its own error feedback (DoubleSqueeze; Top-k
-at the union's density, ``Codec.for_downlink``) and every site applies ``w -= D(c)``. ``--exchange grad`` instead sends raw gradients every
-step and applies AdamW after aggregation (data-parallel SGD), for comparison.
+at the union's density, ``Codec.for_downlink``) and every site applies ``w -= D(c)``.
+``--exchange grad`` instead sends raw gradients every step and applies AdamW after
+aggregation (data-parallel SGD), for comparison. ``--exchange dgc`` is Deep Gradient
+Compression's own setting (Lin et al. 2018): raw gradients every step, momentum SGD
+(``--sgd-lr``, momentum 0.9) with DGC's momentum correction (each site accumulates its
+velocity ``u = 0.9 u + g`` and error feedback accumulates ``u``, so the residual is
+DGC's ``v``) and, for Top-k, momentum factor masking (a coordinate that went restarts
+its velocity); ``--rounds`` then counts steps.
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
 relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
@@ -89,9 +95,13 @@ class Exchange:
         return {k: decode_payload(p) for k, (p, _) in ef.encode_all(codec, tensors).items()}
 
     def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
+        return self.round_trip(codec, sent)[0]
+
+    def round_trip(self, codec: Codec, sent: list[Tensors]) -> tuple[Tensors, list[Tensors]]:
+        """The decoded broadcast, and what each uplink delivered."""
         ups = [self.send(ef, codec, s) for ef, s in zip(self.uplinks, sent, strict=True)]
         mean = {key: sum(u[key] for u in ups) / len(sent) for key in sent[0]}
-        return self.send(self.downlink, codec.for_downlink(len(sent)), mean)
+        return self.send(self.downlink, codec.for_downlink(len(sent)), mean), ups
 
 
 class Site:
@@ -102,6 +112,18 @@ class Site:
         self.model = model
         self.batches = task.batches(shard, sites, seed)
         self.optimizer = task.make_optimizer(model.parameters())
+        self.velocity = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+
+    def momentum(self, m: float) -> Tensors:
+        """DGC's momentum correction: ``u = m u + g`` on this site, before compression."""
+        for name, g in self.gradient().items():
+            self.velocity[name].mul_(m).add_(g)
+        return self.velocity
+
+    def mask(self, delivered: Tensors) -> None:
+        """DGC's momentum factor masking: coordinates that went restart their velocity."""
+        for name, d in delivered.items():
+            self.velocity[name].masked_fill_(d != 0, 0.0)
 
     def gradient(self) -> Tensors:
         """The gradient of the loss on this site's next batch (left in ``.grad`` too)."""
@@ -129,6 +151,10 @@ class Config:
     sites: int
     local_steps: int  # 0: exchange gradients every step, AdamW after aggregation
     warmup_rounds: int
+    dgc_lr: float = 0.0  # > 0: Deep Gradient Compression's setting at this SGD rate
+
+
+MOMENTUM = 0.9  # DGC's
 
 
 def train(label: str, seed: int, cfg: Config) -> float:
@@ -143,6 +169,16 @@ def train(label: str, seed: int, cfg: Config) -> float:
     exchange = Exchange(cfg.sites, run.feedback)
     params = dict(model.named_parameters())
     for t in range(cfg.rounds):
+        if cfg.dgc_lr:
+            codec = schedule(t)
+            update, ups = exchange.round_trip(codec, [s.momentum(MOMENTUM) for s in sites])
+            if codec.name == "topk":  # its coordinates go late: their velocity is stale
+                for site, delivered in zip(sites, ups, strict=True):
+                    site.mask(delivered)
+            with torch.no_grad():
+                for name, u in update.items():
+                    params[name].sub_(u, alpha=cfg.dgc_lr)
+            continue
         if cfg.local_steps == 0:
             mean = exchange.average(schedule(t), [s.gradient() for s in sites])
             for name, g in mean.items():
@@ -175,7 +211,8 @@ def main() -> None:
         "--rounds", "--steps", type=int, default=50, help="exchanges per codec and seed"
     )
     parser.add_argument("--local-steps", type=int, default=4, help="0 = --exchange grad")
-    parser.add_argument("--exchange", choices=("delta", "grad"), default="delta")
+    parser.add_argument("--exchange", choices=("delta", "grad", "dgc"), default="delta")
+    parser.add_argument("--sgd-lr", type=float, default=0.1, help="--exchange dgc's rate")
     parser.add_argument("--sites", type=int, default=3, help="simulated agents")
     parser.add_argument("--seeds", default="0,1", help="comma-separated; every codec runs each")
     parser.add_argument("--warmup", type=int, default=None, help="density warm-up rounds")
@@ -184,13 +221,16 @@ def main() -> None:
     args = parser.parse_args()
     local_steps = 0 if args.exchange == "grad" else args.local_steps
     warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
-    cfg = Config(args.rounds, args.sites, local_steps, warmup)
+    dgc_lr = args.sgd_lr if args.exchange == "dgc" else 0.0
+    cfg = Config(args.rounds, args.sites, local_steps, warmup, dgc_lr)
     seeds = [int(s) for s in args.seeds.split(",")]
     picks = [s.strip() for s in args.only.split(",") if s.strip()]
     selected = [
         r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
     ]
     mode = f"{local_steps} local AdamW steps per round" if local_steps else "gradient exchange"
+    if dgc_lr:
+        mode = f"DGC: gradient exchange, momentum SGD at {dgc_lr:g}, momentum correction"
     print(f"chargpt, {cfg.sites} sites, {cfg.rounds} rounds, {mode}, warm-up {warmup} rounds")
     print(f"seeds {seeds}; change vs fp32 paired per seed: mean ± stdev, min..max")
     print(f"{'codec':<26}{'loss':>9}{'vs fp32':>9}{'':>8}{'range':>18}{'goal':>7}{'':>6}")
