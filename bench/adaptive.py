@@ -24,9 +24,10 @@ the slowest agent's local training), rounds and MB, and how many seeds each code
 fastest on. "Overall" is time to target first (the issue's goal), then bytes: the
 verdict line says whether ``auto`` beats every fixed codec on mean time, and how its
 bytes compare with the fastest fixed codec. Wall time depends on the host's load (the
-agents train on the same cores), and so do rounds and bytes: a round closes on quorum
-and deadline, so which contributions make it depends on timing. Each run's held-out
-loss by round goes to stderr.
+agents train on the same cores). Rounds and bytes of ``fp16`` and ``topk`` repeat per
+seed; EC-SGD's rounding is seeded from the OS, and a round closes on quorum and
+deadline, so what else runs can move them. Each run's held-out loss by round goes to
+stderr.
 """
 
 from __future__ import annotations

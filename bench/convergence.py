@@ -41,6 +41,7 @@ from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
 
 CodecAt = Callable[[int], Codec]  # round -> the codec used in that round
+MOMENTUM = 0.9  # --exchange dgc's SGD momentum, DGC's
 Tensors = dict[str, torch.Tensor]
 
 
@@ -152,9 +153,6 @@ class Config:
     local_steps: int  # 0: exchange gradients every step, AdamW after aggregation
     warmup_rounds: int
     dgc_lr: float = 0.0  # > 0: Deep Gradient Compression's setting at this SGD rate
-
-
-MOMENTUM = 0.9  # DGC's
 
 
 def train(label: str, seed: int, cfg: Config) -> float:
