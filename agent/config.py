@@ -34,7 +34,8 @@ class AgentConfig:
     num_shards: int = 1
     """How many shards the data is cut into."""
     local_steps: int = 4
-    """Optimizer steps between exchanges; the pseudo-gradient spans them."""
+    """Optimizer steps between exchanges; the pseudo-gradient spans them. When the
+    coordinator's ``exchange`` is ``gradient``: batches whose mean gradient is the step."""
     rounds: int = 0
     """Stop after applying this many rounds (0: until the coordinator says final)."""
     tp: int = 1

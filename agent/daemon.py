@@ -18,6 +18,7 @@ from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, decode_payload
 from skyfed.compression.spec import codec_from_spec, parse_spec, wire_spec
+from skyfed.coordinator.config import EXCHANGES
 from skyfed.errors import ProtocolError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
@@ -132,16 +133,21 @@ class Agent:
         link.send(pb.AgentMessage(hello=hello))
         welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome
         self.codec = _checked_codec(wire_spec(welcome.codec, welcome.codec_params))
+        exchange = welcome.exchange or "delta"  # a coordinator from before the field
+        if exchange not in EXCHANGES:  # a coordinator newer than this agent
+            raise LinkClosed(grpc.StatusCode.FAILED_PRECONDITION, f"unknown exchange {exchange!r}")
+        self.site.set_exchange(exchange, welcome.sgd_lr, welcome.sgd_momentum)
         self.max_chunk_bytes = welcome.max_chunk_bytes
         link.start_heartbeats(welcome.heartbeat_ms / 1000)
         if welcome.weights_follow:
             self._receive_weights(link)
         self.last_round = welcome.round - 1
         log.info(
-            "[Agent.Join] identity=%s round=%d codec=%s",
+            "[Agent.Join] identity=%s round=%d codec=%s exchange=%s",
             welcome.identity,
             welcome.round,
             self.codec,
+            exchange,
         )
 
     def _receive_weights(self, link: Link) -> None:

@@ -49,6 +49,16 @@ def local_tensor(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
+def local_gradient(param: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of ``param``'s gradient; zeros if the loss did not use it.
+
+    DTensor's backward leaves a gradient placed like its parameter (a replicated one is
+    already reduced: ``test_tp2_gradient_exchange_sends_the_tp1_momentum_step``)."""
+    if param.grad is None:
+        return torch.zeros_like(local_tensor(param.detach()))
+    return local_tensor(param.grad.detach())
+
+
 def full_tensor(param: torch.Tensor) -> torch.Tensor:
     """The logical tensor; a collective on the mesh when ``param`` is sharded."""
     return param.full_tensor() if isinstance(param, DTensor) else param

@@ -18,6 +18,7 @@ import torch
 from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.agent.uplink import Uplink
 from skyfed.compression import decode_payload
+from skyfed.compression.spec import codec_from_spec
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto.chunks import Payload
 
@@ -68,6 +69,10 @@ class Site:
     def train(self) -> LocalResult:
         """Local steps; rank 0 gets the loss and cost (its ``delta`` stays with the site)."""
         return self._lead("train")
+
+    def set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
+        """What every rank's ``train`` computes from now on (the coordinator's choice)."""
+        self._lead("set_exchange", exchange, lr, momentum)
 
     def contribution(self, round: int, codec: str) -> list[Payload]:
         """Every rank encodes its own shards; rank 0 gets all payloads, in tensor order."""
@@ -120,8 +125,12 @@ class Site:
         self._result = self.trainer.train()
         return self._result
 
+    def _set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
+        self.trainer.set_exchange(exchange, lr, momentum)
+
     def _contribution(self, round: int, codec: str) -> list[Payload]:
         mine = self.uplink.encode(round, codec, self._take_delta())
+        self.trainer.sent(self.uplink.sent(round), codec_from_spec(codec).sparse)
         gathered = self.group.gather(mine)
         payloads = [p for per_rank in gathered for p in per_rank]
         return sorted(payloads, key=lambda p: (p.tensor, p.shard[1] if p.shard else 0))

@@ -1,4 +1,5 @@
-"""Local training between exchanges: a pseudo-gradient over ``local_steps`` optimizer steps."""
+"""Local training between exchanges: a pseudo-gradient over ``local_steps`` optimizer steps,
+or (``exchange = "gradient"``) one momentum-corrected gradient step."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from skyfed.agent.momentum import MomentumCorrection
 from skyfed.agent.parallelize import (
     full_tensor,
+    local_gradient,
     local_tensor,
     narrow,
     parallelize,
@@ -55,6 +58,7 @@ class LocalTrainer:
         local_steps: int,
         mesh: DeviceMesh | None = None,
         device: torch.device | None = None,
+        momentum: MomentumCorrection | None = None,
     ) -> None:
         self.task = task
         self.device = device or torch.device("cpu")
@@ -72,8 +76,12 @@ class LocalTrainer:
         self.optimizer = task.make_optimizer(param_groups(self.params))
         self.batches = task.batches(shard, num_shards, seed)
         self.local_steps = local_steps
+        # Gradient exchange: the step to send comes from here, not from the task's optimizer.
+        self.momentum = momentum
 
     def train(self) -> LocalResult:
+        if self.momentum is not None:
+            return self._gradient_step(self.momentum)
         started = time.perf_counter()
         start = [local_tensor(p).detach().clone() for p in self.params]
         losses = []
@@ -93,6 +101,42 @@ class LocalTrainer:
                 local_tensor(p).copy_(s)
         samples = self.local_steps * self.task.batch_size()
         return LocalResult(delta, sum(losses) / len(losses), samples, time.perf_counter() - started)
+
+    def _gradient_step(self, momentum: MomentumCorrection) -> LocalResult:
+        """The gradient over ``local_steps`` batches (their mean), through ``momentum``:
+        ``delta`` is the momentum-SGD step ``lr * u``; the weights do not move here."""
+        started = time.perf_counter()
+        losses = []
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(self.local_steps):
+            loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
+            (loss / self.local_steps).backward()
+            losses.append(float(loss.detach()))
+        gradients = [
+            local_gradient(p) if owned else None
+            for p, owned in zip(self.params, self.owned, strict=True)
+        ]
+        steps = momentum.step(gradients)
+        delta = [None if s is None else s.cpu() for s in steps]
+        samples = self.local_steps * self.task.batch_size()
+        return LocalResult(delta, sum(losses) / len(losses), samples, time.perf_counter() - started)
+
+    def set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
+        """What ``train`` computes from now on, as the coordinator's welcome says. The
+        velocity survives a reconnect to a federation with the same settings."""
+        if exchange == "delta":
+            self.momentum = None
+        elif exchange != "gradient":
+            raise ValueError(f"the coordinator asks for exchange {exchange!r}, unknown here")
+        elif self.momentum is None or (self.momentum.lr, self.momentum.momentum) != (lr, momentum):
+            self.momentum = MomentumCorrection(lr, momentum)
+
+    def sent(self, sent: list[torch.Tensor | None], sparse: bool) -> None:
+        """What this rank's last contribution carried, decoded: with momentum correction
+        and a ``sparse`` codec, the coordinates that went restart their velocity."""
+        if self.momentum is not None and sparse:
+            self.momentum.mask(sent)
 
     @torch.no_grad()
     def apply(self, update: list[torch.Tensor]) -> None:

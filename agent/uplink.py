@@ -52,6 +52,11 @@ class Uplink:
         self._unacked[round] = {key: sent for key, (_, sent) in encoded.items()}
         return payloads
 
+    def sent(self, round: int) -> list[torch.Tensor | None]:
+        """What the contribution to ``round`` carried, decoded, per tensor (None: not ours)."""
+        carried = self._unacked.get(round, {})
+        return [carried.get(key) for key in self.keys]
+
     def keep(self, delta: list[torch.Tensor | None]) -> None:
         """The round closed while we trained: the whole delta waits in the residuals."""
         for key, d in zip(self.keys, delta, strict=True):

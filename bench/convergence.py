@@ -11,11 +11,13 @@ decoded deltas, compresses the mean back with its own error feedback (DoubleSque
 at the union's density, ``Codec.for_downlink``) and every site applies ``w -= D(c)``.
 ``--exchange grad`` instead sends raw gradients every step and applies AdamW after
 aggregation (data-parallel SGD), for comparison. ``--exchange dgc`` is Deep Gradient
-Compression's own setting (Lin et al. 2018): raw gradients every step, momentum SGD
+Compression's own setting (Lin et al. 2018) and the agent's ``exchange = "gradient"``
+(``skyfed.agent.momentum``, the same code): raw gradients every step, momentum SGD
 (``--sgd-lr``, momentum 0.9) with DGC's momentum correction (each site accumulates its
-velocity ``u = 0.9 u + g`` and error feedback accumulates ``u``, so the residual is
+velocity ``u = 0.9 u + g`` and error feedback accumulates ``lr * u``, so the residual is
 DGC's ``v``) and, for Top-k, momentum factor masking (a coordinate that went restarts
-its velocity); ``--rounds`` then counts steps.
+its velocity); ``--rounds`` then counts steps, and EC-SGD clips as the coordinator's
+policy does under that exchange (``PolicyConfig.for_gradient_exchange``).
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
 relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from skyfed.agent.momentum import MomentumCorrection
 from skyfed.compression import Codec, ErrorFeedback, decode_payload, make_codec
 from skyfed.compression.policy import PolicyConfig
 from skyfed.tasks import load_task
@@ -64,18 +67,23 @@ RUNS = [
 ]
 
 
-def codec_at(label: str, warmup_rounds: int) -> CodecAt:
-    """The codec schedule behind a run's label."""
-    if label.startswith("topk 0.1%"):  # the coordinator's [policy] with a warm-up
-        policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
+def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
+    """The codec schedule behind a run's label, with the coordinator's ``[policy]``
+    defaults for the exchange (``gradient``: ``--exchange dgc``)."""
+    policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
+    if gradient:
+        policy.for_gradient_exchange()
+    if label.startswith("topk 0.1%"):  # with the policy's density warm-up
         return lambda t: make_codec("topk", **policy.codec_params("topk", t))
+    if label.startswith("ecsgd"):
+        policy.ecsgd_bits = int(label.split()[1][0])
+        codec = make_codec("ecsgd", seed=0, **policy.codec_params("ecsgd"))
+        return lambda _: codec
     fixed = {
         "fp32": make_codec("fp32"),
         "fp16": make_codec("fp16"),
         "bf16": make_codec("bf16"),
         "topk 1%": make_codec("topk", density=0.01),
-        "ecsgd 2-bit": make_codec("ecsgd", bits=2, seed=0),
-        "ecsgd 1-bit": make_codec("ecsgd", bits=1, seed=0),
     }
     codec = next(c for prefix, c in fixed.items() if label.startswith(prefix))
     return lambda _: codec
@@ -108,23 +116,20 @@ class Exchange:
 class Site:
     """One simulated agent: its batches and its own optimizer over the shared model."""
 
-    def __init__(self, task: Task, model: nn.Module, shard: int, sites: int, seed: int) -> None:
+    def __init__(
+        self, task: Task, model: nn.Module, shard: int, sites: int, seed: int, sgd_lr: float
+    ) -> None:
         self.task = task
         self.model = model
         self.batches = task.batches(shard, sites, seed)
         self.optimizer = task.make_optimizer(model.parameters())
-        self.velocity = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+        # The agent's exchange = "gradient" (only used when sgd_lr > 0).
+        self.correction = MomentumCorrection(sgd_lr or 1.0, MOMENTUM)
 
-    def momentum(self, m: float) -> Tensors:
-        """DGC's momentum correction: ``u = m u + g`` on this site, before compression."""
-        for name, g in self.gradient().items():
-            self.velocity[name].mul_(m).add_(g)
-        return self.velocity
-
-    def mask(self, delivered: Tensors) -> None:
-        """DGC's momentum factor masking: coordinates that went restart their velocity."""
-        for name, d in delivered.items():
-            self.velocity[name].masked_fill_(d != 0, 0.0)
+    def momentum_step(self) -> Tensors:
+        """The agent's ``exchange = "gradient"``: ``lr * u`` after ``u = m u + g``."""
+        gradients = self.gradient()
+        return dict(zip(gradients, self.correction.step(list(gradients.values())), strict=True))
 
     def gradient(self) -> Tensors:
         """The gradient of the loss on this site's next batch (left in ``.grad`` too)."""
@@ -162,20 +167,20 @@ def train(label: str, seed: int, cfg: Config) -> float:
     task = load_task("chargpt")
     model = task.build_model(seed)
     run = next(r for r in RUNS if r.label == label)
-    schedule = codec_at(label, cfg.warmup_rounds)
-    sites = [Site(task, model, shard, cfg.sites, seed) for shard in range(cfg.sites)]
+    schedule = codec_at(label, cfg.warmup_rounds, gradient=cfg.dgc_lr > 0)
+    sites = [Site(task, model, shard, cfg.sites, seed, cfg.dgc_lr) for shard in range(cfg.sites)]
     exchange = Exchange(cfg.sites, run.feedback)
     params = dict(model.named_parameters())
     for t in range(cfg.rounds):
         if cfg.dgc_lr:
             codec = schedule(t)
-            update, ups = exchange.round_trip(codec, [s.momentum(MOMENTUM) for s in sites])
-            if codec.name == "topk":  # its coordinates go late: their velocity is stale
+            update, ups = exchange.round_trip(codec, [s.momentum_step() for s in sites])
+            if codec.sparse:  # its coordinates go late: their velocity is stale
                 for site, delivered in zip(sites, ups, strict=True):
-                    site.mask(delivered)
+                    site.correction.mask(list(delivered.values()))
             with torch.no_grad():
                 for name, u in update.items():
-                    params[name].sub_(u, alpha=cfg.dgc_lr)
+                    params[name].sub_(u)
             continue
         if cfg.local_steps == 0:
             mean = exchange.average(schedule(t), [s.gradient() for s in sites])

@@ -23,6 +23,8 @@ class Codec(ABC):
     name: ClassVar[str]
     wire_id: ClassVar[int]
     lossless: ClassVar[bool] = False
+    # Sends only some coordinates each time; the rest wait in the error-feedback residual.
+    sparse: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: torch.Tensor) -> bytes:

@@ -38,6 +38,14 @@ from skyfed.compression.schedule import DensityWarmup
 MODES = ("table", "cost")
 
 
+# EC-SGD's clip (in block RMS) for momentum-corrected gradients, which are heavy-tailed
+# where AdamW's updates are not. At the codec's 1.5 (2 bits) the clipped outliers wait in
+# the residual while the velocity keeps pushing them, and training diverged; with the
+# block's peak as scale one outlier coarsens its whole block (+7.7 % on one seed); 4 RMS
+# clips only the outliers (bench/convergence.py --exchange dgc; README, Figures).
+GRADIENT_ECSGD_CLIP = 4.0
+
+
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
     """Thresholds, dwell and codec parameters of the link policy. TOML: ``[policy]``."""
@@ -76,6 +84,10 @@ class PolicyConfig:
     """Top-k: the density at round 0 when warming up."""
     ecsgd_bits: int = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
+    ecsgd_clip: float | None = None
+    """EC-SGD: each block's half-range in RMS of the block, 0 for the block's peak (unset:
+    the codec's least-squares default for its width; under gradient exchange
+    :data:`GRADIENT_ECSGD_CLIP`)."""
     max_ratio: float = 0.0
     """Cost mode's compression budget: no codec compressing more than this (0: any)."""
     cost_tie_pct: float = 10.0
@@ -101,8 +113,19 @@ class PolicyConfig:
         _require(warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
         _require(0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
         _require(self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
+        clip = self.ecsgd_clip
+        ok = clip is None or clip == 0 or 1 <= clip <= 1e3
+        _require(ok, "ecsgd_clip", clip, "0 (the peak) or in [1, 1000]")
         _require(self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
         _require(self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
+
+    def for_gradient_exchange(self) -> None:
+        """The defaults under the coordinator's ``exchange = "gradient"``: EC-SGD clips at
+        :data:`GRADIENT_ECSGD_CLIP` RMS unless ``ecsgd_clip`` is set. (1 bit is refused
+        there: the scaled sign holds back every element above the block's mean magnitude,
+        and training diverged.)"""
+        if self.ecsgd_clip is None:
+            self.ecsgd_clip = GRADIENT_ECSGD_CLIP
 
     @property
     def ladder(self) -> tuple[str, str, str]:
@@ -123,7 +146,8 @@ class PolicyConfig:
                 density = warmup.density(round_)
             return {"density": density, "values": self.topk_values}
         if name == "ecsgd":
-            return {"bits": self.ecsgd_bits}
+            clip = {} if self.ecsgd_clip is None else {"clip": self.ecsgd_clip}
+            return {"bits": self.ecsgd_bits, **clip}
         return {}
 
 

@@ -43,6 +43,7 @@ class TopK(Codec):
 
     name = "topk"
     wire_id = 3
+    sparse = True
 
     def __init__(
         self, density: float = 0.01, values: str = "int8", dense_below: int = 1024

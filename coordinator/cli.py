@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from skyfed.config import load_config
-from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.config import EXCHANGES, CoordinatorConfig
 from skyfed.logs import setup_logging
 
 DRAIN_S = 3.0
@@ -46,6 +46,13 @@ def main() -> None:
 @click.option(
     "--policy", type=click.Choice(["table", "cost"]), help="Link policy mode (codec auto)."
 )
+@click.option(
+    "--exchange",
+    type=click.Choice(EXCHANGES),
+    help="What agents send: delta (local steps' pseudo-gradient) or gradient (DGC's step).",
+)
+@click.option("--sgd-lr", type=float, help="--exchange gradient: the SGD step size.")
+@click.option("--sgd-momentum", type=float, help="--exchange gradient: the SGD momentum.")
 @click.option("--heartbeat-ms", type=int, help="Agents' heartbeat interval.")
 @click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
 @click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")

@@ -11,6 +11,8 @@ from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
 
+EXCHANGES = ("delta", "gradient")  # what a contribution is; see CoordinatorConfig.exchange
+
 
 @dataclass(kw_only=True, slots=True)
 class CoordinatorConfig:
@@ -42,6 +44,16 @@ class CoordinatorConfig:
     """Stop after this many rounds (0: run until stopped)."""
     outer_lr: float = 1.0
     """Step size applied to the mean pseudo-gradient (1.0 is federated averaging)."""
+    exchange: str = "delta"
+    """What agents contribute each round (told in the welcome). ``delta``: the change over
+    their ``local_steps`` steps of the task's optimizer (a pseudo-gradient). ``gradient``:
+    Deep Gradient Compression's exchange, one momentum-SGD step per round with the velocity
+    kept on each site before compression (momentum correction) and masked where Top-k sent
+    (``skyfed.agent.momentum``); where Top-k loses least (README, Figures)."""
+    sgd_lr: float = 0.1
+    """``exchange = "gradient"``: the SGD step size."""
+    sgd_momentum: float = 0.9
+    """``exchange = "gradient"``: the SGD momentum."""
     codec: str = "auto"
     """Link codec: ``auto`` lets the link policy pick each link's codec from its measured
     RTT, loss and goodput; a codec name (fp32, fp16, bf16, topk, ecsgd) fixes it."""
@@ -72,8 +84,15 @@ class CoordinatorConfig:
         _require(self.round_deadline_s > 0, "round_deadline_s", self.round_deadline_s, "> 0")
         _require(self.rounds >= 0, "rounds", self.rounds, ">= 0")
         _require(self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
+        _require(self.exchange in EXCHANGES, "exchange", self.exchange, " or ".join(EXCHANGES))
+        _require(self.sgd_lr > 0, "sgd_lr", self.sgd_lr, "> 0")
+        _require(0 <= self.sgd_momentum < 1, "sgd_momentum", self.sgd_momentum, "in [0, 1)")
         self.policy = _section(PolicyConfig, self.policy, "mode")
         self.monitor = _section(MonitorConfig, self.monitor, "window_s")
+        if self.exchange == "gradient":
+            self.policy.for_gradient_exchange()
+            bits = self.policy.ecsgd_bits
+            _require(bits != 1, "policy.ecsgd_bits", bits, "2 or 4 under exchange = gradient")
         codecs = ["auto", *codec_names()]
         _require(self.codec in codecs, "codec", self.codec, f"one of {codecs}")
         _require(-1 <= self.probe_port < 65536, "probe_port", self.probe_port, "-1..65535")

@@ -162,6 +162,9 @@ class Federation:
             max_chunk_bytes=self.config.max_chunk_bytes,
             heartbeat_ms=self.config.heartbeat_ms,
             identity=session.identity.uri,
+            exchange=self.config.exchange,
+            sgd_lr=self.config.sgd_lr,
+            sgd_momentum=self.config.sgd_momentum,
         )
         link = self.links.get(session)
         if self.links.echo is not None and link is not None and link.probe is not None:

@@ -26,16 +26,29 @@ def main() -> None:
     help="auto (the link policy), fp32, fp16, bf16, topk, ecsgd",
 )
 @click.option(
+    "--exchange",
+    type=click.Choice(["delta", "gradient"]),
+    default="delta",
+    show_default=True,
+    help="delta: pseudo-gradient of local steps; gradient: DGC's momentum-corrected step.",
+)
+@click.option(
     "--workdir", type=click.Path(path_type=Path), help="Keep certs, logs and reports here."
 )
-def demo(rounds: int, local_steps: int, codec: str, workdir: Path | None) -> None:
+def demo(rounds: int, local_steps: int, codec: str, exchange: str, workdir: Path | None) -> None:
     """A coordinator and three agents (aws, gcp, azure) on this host, over real mTLS."""
     from skyfed.demo import DemoConfig, run_demo, summary_table
 
     setup_logging("WARNING")
     console = Console()
     try:
-        config = DemoConfig(rounds=rounds, local_steps=local_steps, codec=codec, workdir=workdir)
+        config = DemoConfig(
+            rounds=rounds,
+            local_steps=local_steps,
+            codec=codec,
+            exchange=exchange,
+            workdir=workdir,
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     result = run_demo(config, console)

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
+from skyfed.coordinator.config import EXCHANGES
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import federation_pb2 as pb
 
@@ -36,6 +37,8 @@ class DemoConfig:
     """Local optimizer steps per round at each agent."""
     codec: str = "auto"
     """Link codec: ``auto`` lets the bandwidth monitor's policy pick per link."""
+    exchange: str = "delta"
+    """What rounds carry: ``delta`` (local steps' pseudo-gradient) or ``gradient`` (DGC)."""
     workdir: Path | None = None
     """Where certificates, logs, checkpoints and reports go (default: a temporary dir)."""
     timeout_s: float = 900.0
@@ -46,6 +49,8 @@ class DemoConfig:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if self.local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
+        if self.exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
 
 
 @dataclass(slots=True)
@@ -110,6 +115,7 @@ def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
         "--rounds": config.rounds,
         "--min-agents": len(CLOUDS),
         "--codec": config.codec,
+        "--exchange": config.exchange,
         "--checkpoint-dir": work / "checkpoints",
     }
     argv = command("coordinator", "serve", *(str(x) for kv in flags.items() for x in kv))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from skyfed.agent.config import AgentConfig
+from skyfed.compression.policy import GRADIENT_ECSGD_CLIP
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 
@@ -40,11 +41,34 @@ def test_unknown_toml_key_is_named(tmp_path):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("quorum", 0), ("codec", "zip"), ("max_chunk_bytes", 10), ("listen", "nowhere")],
+    [
+        ("quorum", 0),
+        ("codec", "zip"),
+        ("max_chunk_bytes", 10),
+        ("listen", "nowhere"),
+        ("exchange", "weights"),
+        ("sgd_momentum", 1.0),
+    ],
 )
 def test_bad_coordinator_option_names_field_and_value(field, value):
     with pytest.raises(ValueError, match=f"{field}={value!r}"):
         CoordinatorConfig(certs=Path("c"), **{field: value})
+
+
+def test_one_bit_ecsgd_under_gradient_exchange_is_refused():
+    with pytest.raises(ValueError, match="ecsgd_bits=1 must be 2 or 4 under exchange = gradient"):
+        CoordinatorConfig(certs=Path("c"), exchange="gradient", policy={"ecsgd_bits": 1})
+
+
+def test_gradient_exchange_sets_ecsgd_clip_unless_the_policy_does(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('certs = "c"\nexchange = "gradient"\n')
+    config = load_config(CoordinatorConfig, component="coordinator", path=toml, flags={})
+    assert config.policy.codec_params("ecsgd") == {"bits": 2, "clip": GRADIENT_ECSGD_CLIP}
+    toml.write_text('certs = "c"\nexchange = "gradient"\n[policy]\necsgd_clip = 1.5\n')
+    config = load_config(CoordinatorConfig, component="coordinator", path=toml, flags={})
+    assert config.policy.codec_params("ecsgd") == {"bits": 2, "clip": 1.5}
+    assert CoordinatorConfig(certs=Path("c")).policy.codec_params("ecsgd") == {"bits": 2}
 
 
 def test_agent_name_defaults_from_cloud_and_cert_paths_from_certs_dir():

@@ -17,10 +17,12 @@ pytestmark = pytest.mark.multiprocess
 WORKER = Path(__file__).with_name("tp_worker.py")
 
 
-def run_site(kids: Children, task: str, out: Path, world: int = 2) -> list[dict]:
+def run_site(
+    kids: Children, task: str, out: Path, world: int = 2, exchange: str = "delta"
+) -> list[dict]:
     store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
     for rank in range(world):
-        argv = [sys.executable, str(WORKER), str(rank), str(world), str(store.port), task, out]
+        argv = [sys.executable, WORKER, rank, world, store.port, task, out, exchange]
         kids.start(f"rank{rank}", [str(a) for a in argv])
     for rank in range(world):
         code = kids.procs[f"rank{rank}"].wait(timeout=120)
@@ -54,6 +56,12 @@ def test_default_task_under_tp_with_a_multi_tensor_optimizer(reaped, tmp_path):
     """chargpt with AdamW(foreach=True), as CUDA runs it: DTensors and plain tensors must
     not meet in one foreach kernel."""
     lead, _ = run_site(reaped, "__main__:chargpt_foreach", tmp_path)
+    check_matches_tp1(lead)
+
+
+def test_tp2_gradient_exchange_sends_the_tp1_momentum_step(reaped, tmp_path):
+    """chargpt's sharded and replicated gradients go into the velocity slice by slice."""
+    lead, _ = run_site(reaped, "chargpt", tmp_path, exchange="gradient")
     check_matches_tp1(lead)
 
 

@@ -1,7 +1,8 @@
 """One rank of a tp-rank site, checked against a tp=1 replica (run by test_tp_ranks).
 
-``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR``: rank 0 drives the site and a
-single-process replica through the same steps and writes what it saw to OUT_DIR.
+``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR [EXCHANGE]``: rank 0 drives the
+site and a single-process replica through the same steps and writes what it saw to OUT_DIR.
+EXCHANGE is the agent's ``exchange`` option (default ``delta``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from skyfed.agent.momentum import MomentumCorrection
 from skyfed.agent.ranks import STORE_HOST, init_ranks
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
@@ -47,16 +49,20 @@ def lead(site: Site, replica: Site) -> dict:
     return seen
 
 
-def main(rank: int, world: int, port: int, task_spec: str, out: Path) -> None:
+def trainer(task_spec: str, exchange: str, **options: object) -> LocalTrainer:
+    momentum = MomentumCorrection(0.1, 0.9) if exchange == "gradient" else None
+    local = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": 2}
+    return LocalTrainer(load_task(task_spec), momentum=momentum, **local, **options)
+
+
+def main(rank: int, world: int, port: int, task_spec: str, out: Path, exchange: str) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore(STORE_HOST, port, is_master=False)
     group, mesh, device = init_ranks(rank, world, "cpu", store)
-    task = load_task(task_spec)
-    options = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": 2}
-    site = Site(LocalTrainer(task, mesh=mesh, device=device, **options), group)
+    site = Site(trainer(task_spec, exchange, mesh=mesh, device=device), group)
     seen: dict = {}
     if rank == 0:
-        seen = lead(site, Site(LocalTrainer(load_task(task_spec), **options)))
+        seen = lead(site, Site(trainer(task_spec, exchange)))
         site.stop()
     else:
         site.follow()
@@ -75,4 +81,12 @@ def chargpt_foreach() -> object:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
+    exchange = sys.argv[6] if len(sys.argv) > 6 else "delta"
+    main(
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        sys.argv[4],
+        Path(sys.argv[5]),
+        exchange,
+    )

@@ -37,7 +37,13 @@ def start_coordinator(
 
 
 def start_agent(
-    kids: Children, work: Path, port: int, cloud: str, shard: int, local_steps: int = 1
+    kids: Children,
+    work: Path,
+    port: int,
+    cloud: str,
+    shard: int,
+    local_steps: int = 1,
+    **extra: object,
 ) -> None:
     flags = {
         "--cloud": cloud,
@@ -47,6 +53,7 @@ def start_agent(
         "--num-shards": 3,
         "--local-steps": local_steps,
         "--report": work / f"{cloud}.json",
+        **extra,
     }
     kids.start(cloud, command("agent", "start", *(str(x) for kv in flags.items() for x in kv)))
 
@@ -91,6 +98,21 @@ def test_three_agent_processes_train_and_end_bit_identical(reaped, work):
     assert len(losses) == 8
     assert losses[-1] < losses[0] - 0.5, losses
     assert_identical(work, status, 8)
+
+
+def test_gradient_exchange_with_topk_trains_and_ends_bit_identical(reaped, work):
+    """DGC's exchange: one momentum-corrected gradient step per round, Top-k both ways."""
+    port = start_coordinator(
+        reaped, work, rounds=12, **{"--codec": "topk", "--exchange": "gradient"}
+    )
+    for i, cloud in enumerate(CLOUDS):
+        start_agent(reaped, work, port, cloud, i)
+    status = finish(reaped, work)
+    losses = [r["meanLoss"] for r in status["rounds"]]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert {r["codec"] for r in (report(work, c) for c in CLOUDS)} == {"topk"}
+    assert all("exchange=gradient" in reaped.log(c) for c in CLOUDS)
+    assert_identical(work, status, 12)
 
 
 def test_killed_agent_restarts_rejoins_and_ends_identical(reaped, work):
