@@ -9,15 +9,17 @@ does) and sends the pseudo-gradient ``delta = w_start - w_end`` through its code
 own error feedback (``p = g + e; c = C(p); e = p - D(c)``). The coordinator averages the
 decoded deltas, compresses the mean back with its own error feedback (DoubleSqueeze; Top-k
 at the union's density, ``Codec.for_downlink``) and every site applies ``w -= D(c)``.
-``--exchange grad`` instead sends raw gradients every step and applies AdamW after
-aggregation (data-parallel SGD), for comparison. ``--exchange dgc`` is Deep Gradient
-Compression's own setting (Lin et al. 2018) and the agent's ``exchange = "gradient"``
-(``skyfed.agent.momentum``, the same code): raw gradients every step, momentum SGD
+``--exchange gradient`` is the coordinator's ``exchange = "gradient"``
+(``skyfed.agent.momentum``, the same code), Deep Gradient Compression's setting (Lin et
+al. 2018): raw gradients every step, momentum SGD
 (``--sgd-lr``, momentum 0.9) with DGC's momentum correction (each site accumulates its
 velocity ``u = 0.9 u + g`` and error feedback accumulates ``lr * u``, so the residual is
 DGC's ``v``) and, for Top-k, momentum factor masking (a coordinate that went restarts
 its velocity); ``--rounds`` then counts steps, and EC-SGD clips as the coordinator's
 policy does under that exchange (``PolicyConfig.for_gradient_exchange``).
+``--exchange gradient-adamw`` sends raw gradients every step and applies AdamW after
+aggregation instead (data-parallel AdamW), for comparison. A run that diverges (EC-SGD
+refuses non-finite input) shows as ``diverged``.
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
 relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
@@ -27,6 +29,7 @@ Top-k without error feedback shows what the residual is for.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -44,7 +47,7 @@ from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
 
 CodecAt = Callable[[int], Codec]  # round -> the codec used in that round
-MOMENTUM = 0.9  # --exchange dgc's SGD momentum, DGC's
+MOMENTUM = 0.9  # --exchange gradient's SGD momentum, the coordinator's default
 Tensors = dict[str, torch.Tensor]
 
 
@@ -69,7 +72,7 @@ RUNS = [
 
 def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
     """The codec schedule behind a run's label, with the coordinator's ``[policy]``
-    defaults for the exchange (``gradient``: ``--exchange dgc``)."""
+    defaults for the exchange (``gradient``: ``--exchange gradient``)."""
     policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
     if gradient:
         policy.for_gradient_exchange()
@@ -89,6 +92,10 @@ def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
     return lambda _: codec
 
 
+class Diverged(Exception):
+    """A site's update is no longer finite (codecs refuse such input)."""
+
+
 class Exchange:
     """One round trip of every tensor: N uplinks, the average, the downlink."""
 
@@ -99,6 +106,8 @@ class Exchange:
 
     def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> Tensors:
         """What the receiver decodes of ``tensors`` sent together (one contribution)."""
+        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+            raise Diverged
         if not self.feedback:
             return {k: decode_payload(codec.encode(g)) for k, g in tensors.items()}
         return {k: decode_payload(p) for k, (p, _) in ef.encode_all(codec, tensors).items()}
@@ -157,22 +166,29 @@ class Config:
     sites: int
     local_steps: int  # 0: exchange gradients every step, AdamW after aggregation
     warmup_rounds: int
-    dgc_lr: float = 0.0  # > 0: Deep Gradient Compression's setting at this SGD rate
+    sgd_lr: float = 0.0  # > 0: Deep Gradient Compression's setting at this SGD rate
 
 
 def train(label: str, seed: int, cfg: Config) -> float:
-    """Held-out loss after ``cfg.rounds`` compressed exchanges."""
+    """Held-out loss after ``cfg.rounds`` compressed exchanges; inf if training diverged."""
+    try:
+        return _train(label, seed, cfg)
+    except Diverged:
+        return math.inf
+
+
+def _train(label: str, seed: int, cfg: Config) -> float:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     task = load_task("chargpt")
     model = task.build_model(seed)
     run = next(r for r in RUNS if r.label == label)
-    schedule = codec_at(label, cfg.warmup_rounds, gradient=cfg.dgc_lr > 0)
-    sites = [Site(task, model, shard, cfg.sites, seed, cfg.dgc_lr) for shard in range(cfg.sites)]
+    schedule = codec_at(label, cfg.warmup_rounds, gradient=cfg.sgd_lr > 0)
+    sites = [Site(task, model, shard, cfg.sites, seed, cfg.sgd_lr) for shard in range(cfg.sites)]
     exchange = Exchange(cfg.sites, run.feedback)
     params = dict(model.named_parameters())
     for t in range(cfg.rounds):
-        if cfg.dgc_lr:
+        if cfg.sgd_lr:
             codec = schedule(t)
             update, ups = exchange.round_trip(codec, [s.momentum_step() for s in sites])
             if codec.sparse:  # its coordinates go late: their velocity is stale
@@ -197,6 +213,10 @@ def train(label: str, seed: int, cfg: Config) -> float:
 
 def row(run: Run, losses: list[float], reference: list[float]) -> str:
     """One table line: mean loss, and the paired change vs FP32 as mean ± stdev, min..max."""
+    if not all(math.isfinite(loss) for loss in losses):
+        diverged = sum(not math.isfinite(loss) for loss in losses)
+        verdict = "" if run.goal is None else "FAIL"
+        return f"{run.label:<26}{'diverged':>9} on {diverged} of {len(losses)} seeds{verdict:>36}"
     rel = [loss / ref - 1 for loss, ref in zip(losses, reference, strict=True)]
     mean = statistics.fmean(rel)
     spread = statistics.stdev(rel) if len(rel) > 1 else 0.0
@@ -213,27 +233,29 @@ def main() -> None:
     parser.add_argument(
         "--rounds", "--steps", type=int, default=50, help="exchanges per codec and seed"
     )
-    parser.add_argument("--local-steps", type=int, default=4, help="0 = --exchange grad")
-    parser.add_argument("--exchange", choices=("delta", "grad", "dgc"), default="delta")
-    parser.add_argument("--sgd-lr", type=float, default=0.1, help="--exchange dgc's rate")
+    parser.add_argument("--local-steps", type=int, default=4, help="AdamW steps per round")
+    parser.add_argument(
+        "--exchange", choices=("delta", "gradient", "gradient-adamw"), default="delta"
+    )
+    parser.add_argument("--sgd-lr", type=float, default=0.1, help="--exchange gradient's rate")
     parser.add_argument("--sites", type=int, default=3, help="simulated agents")
     parser.add_argument("--seeds", default="0,1", help="comma-separated; every codec runs each")
     parser.add_argument("--warmup", type=int, default=None, help="density warm-up rounds")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--only", default="", help="comma-separated label prefixes (and fp32)")
     args = parser.parse_args()
-    local_steps = 0 if args.exchange == "grad" else args.local_steps
+    local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
     warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
-    dgc_lr = args.sgd_lr if args.exchange == "dgc" else 0.0
-    cfg = Config(args.rounds, args.sites, local_steps, warmup, dgc_lr)
+    sgd_lr = args.sgd_lr if args.exchange == "gradient" else 0.0
+    cfg = Config(args.rounds, args.sites, local_steps, warmup, sgd_lr)
     seeds = [int(s) for s in args.seeds.split(",")]
     picks = [s.strip() for s in args.only.split(",") if s.strip()]
     selected = [
         r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
     ]
-    mode = f"{local_steps} local AdamW steps per round" if local_steps else "gradient exchange"
-    if dgc_lr:
-        mode = f"DGC: gradient exchange, momentum SGD at {dgc_lr:g}, momentum correction"
+    mode = f"{local_steps} local AdamW steps per round" if local_steps else "AdamW on gradients"
+    if sgd_lr:
+        mode = f"gradient exchange, momentum SGD at {sgd_lr:g} with DGC's momentum correction"
     print(f"chargpt, {cfg.sites} sites, {cfg.rounds} rounds, {mode}, warm-up {warmup} rounds")
     print(f"seeds {seeds}; change vs fp32 paired per seed: mean ± stdev, min..max")
     print(f"{'codec':<26}{'loss':>9}{'vs fp32':>9}{'':>8}{'range':>18}{'goal':>7}{'':>6}")

@@ -42,7 +42,7 @@ MODES = ("table", "cost")
 # where AdamW's updates are not. At the codec's 1.5 (2 bits) the clipped outliers wait in
 # the residual while the velocity keeps pushing them, and training diverged; with the
 # block's peak as scale one outlier coarsens its whole block (+7.7 % on one seed); 4 RMS
-# clips only the outliers (bench/convergence.py --exchange dgc; README, Figures).
+# clips only the outliers (bench/convergence.py --exchange gradient; README, Figures).
 GRADIENT_ECSGD_CLIP = 4.0
 
 
