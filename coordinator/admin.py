@@ -30,7 +30,7 @@ def fetch_status(
 def agents_table(reply: pb.StatusReply) -> Table:
     """One row per agent; short headers so it fits an 80-column terminal."""
     table = Table(
-        title=f"round {reply.round}  weights {reply.weights_digest[:12]}",
+        title=f"round {reply.round}  weights {reply.weights_digest[:12]}  exchange {reply.exchange}",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )

@@ -580,6 +580,7 @@ class Federation:
                 uptime_s=now - self.started_at,
                 rounds=rounds,
                 finished=self.finished,
+                exchange=self.config.exchange,
             )
 
     def _windows(self, session: Session) -> list[pb.LinkWindow]:

@@ -26,3 +26,11 @@ def test_status_lists_agents_and_raw_link_windows_on_request(serve, raw_agent, p
     assert not plain.agents[0].windows
     rtts = [w.rtt_ms for w in detailed.agents[0].windows if not math.isnan(w.rtt_ms)]
     assert rtts and all(r == 42.0 for r in rtts)
+
+
+def test_welcome_and_status_name_the_federations_exchange(serve, raw_agent, pki):
+    running = serve(exchange="gradient", sgd_lr=0.05, probe_port=-1)
+    welcome = join(raw_agent(running.port, "aws-1"), "aws", "aws-1")
+    assert (welcome.exchange, welcome.sgd_lr, welcome.sgd_momentum) == ("gradient", 0.05, 0.9)
+    status = fetch_status(f"localhost:{running.port}", pki.directory, "coordinator")
+    assert status.exchange == "gradient"
