@@ -18,11 +18,10 @@ from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, decode_payload
 from skyfed.compression.spec import codec_from_spec, parse_spec, wire_spec
-from skyfed.coordinator.config import EXCHANGES
 from skyfed.errors import ProtocolError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
-from skyfed.proto.serde import specs_to_proto
+from skyfed.proto.serde import EXCHANGES, specs_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +128,7 @@ class Agent:
             codecs=codec_names(),
             last_round=self.last_round,
             weights_digest=self.site.digest(),
+            exchanges=EXCHANGES,
         )
         link.send(pb.AgentMessage(hello=hello))
         welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome

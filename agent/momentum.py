@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from skyfed.compression import Codec
+
 Tensors = list[torch.Tensor | None]  # one per parameter; None where this rank sends nothing
 
 
@@ -17,11 +19,14 @@ class MomentumCorrection:
     applies ``w -= mean(lr * u_i)``; uncompressed, that is momentum SGD on the mean gradient
     (the velocity is linear in the gradients).
 
-    Momentum factor masking: when the codec sends only some coordinates (Top-k), the
-    velocity of each coordinate that went is zeroed. What it had built up travelled with
-    it; kept, it would push that coordinate again with stale momentum. Dense codecs send
-    every coordinate each round and leave the velocity alone (masking would reduce
-    momentum SGD to plain SGD).
+    Momentum factor masking: under a sparse codec (Top-k) the velocity of each coordinate
+    that went is zeroed. What it had built up travelled with it; kept, it would push that
+    coordinate again with stale momentum. That includes the tensors Top-k sends whole
+    (biases, norms), which so take plain SGD steps. DGC's own code keeps momentum on the
+    tensors it does not compress; measured here, that put Top-k 1 % at +1.83 % of FP32's
+    final loss against +0.14 % masked (README, Figures): the masked small tensors do not
+    run ahead of the large ones, whose coordinates Top-k delays. Dense codecs send every
+    coordinate every round and leave the velocity alone (momentum SGD).
     """
 
     def __init__(self, lr: float, momentum: float) -> None:
@@ -47,8 +52,11 @@ class MomentumCorrection:
         return steps
 
     @torch.no_grad()
-    def mask(self, sent: Tensors) -> None:
-        """Momentum factor masking: zero the velocity where ``sent`` (decoded) is nonzero."""
+    def mask(self, sent: Tensors, codec: Codec) -> None:
+        """Momentum factor masking: under a sparse ``codec``, zero the velocity at the
+        coordinates ``sent`` (what the receiver decodes) carries."""
+        if not codec.sparse:
+            return
         for u, s in zip(self.velocity, sent, strict=True):
             if u is not None and s is not None:
                 u.masked_fill_(s.to(u.device) != 0, 0.0)

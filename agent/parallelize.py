@@ -50,13 +50,19 @@ def local_tensor(param: torch.Tensor) -> torch.Tensor:
 
 
 def local_gradient(param: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of ``param``'s gradient; zeros if the loss did not use it.
+    """This rank's slice of ``param``'s gradient, placed like ``param``; zeros if the loss
+    did not use it.
 
-    DTensor's backward leaves a gradient placed like its parameter (a replicated one is
-    already reduced: ``test_tp2_gradient_exchange_sends_the_tp1_momentum_step``)."""
-    if param.grad is None:
+    With the plans tried, DTensor's backward already places a gradient like its parameter
+    (a replicated one reduced); a plan that leaves one partial gets it reduced here, a
+    collective: every rank must call this for every parameter, in the same order."""
+    grad = param.grad
+    if grad is None:
         return torch.zeros_like(local_tensor(param.detach()))
-    return local_tensor(param.grad.detach())
+    distributed = isinstance(param, DTensor) and isinstance(grad, DTensor)
+    if distributed and grad.placements != param.placements:
+        grad = grad.redistribute(param.device_mesh, param.placements)
+    return local_tensor(grad.detach())
 
 
 def full_tensor(param: torch.Tensor) -> torch.Tensor:

@@ -130,7 +130,7 @@ class Site:
 
     def _contribution(self, round: int, codec: str) -> list[Payload]:
         mine = self.uplink.encode(round, codec, self._take_delta())
-        self.trainer.sent(self.uplink.sent(round), codec_from_spec(codec).sparse)
+        self.trainer.sent(self.uplink.sent(round), codec_from_spec(codec))
         gathered = self.group.gather(mine)
         payloads = [p for per_rank in gathered for p in per_rank]
         return sorted(payloads, key=lambda p: (p.tensor, p.shard[1] if p.shard else 0))

@@ -3,6 +3,7 @@ or (``exchange = "gradient"``) one momentum-corrected gradient step."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +21,12 @@ from skyfed.agent.parallelize import (
     param_groups,
     shard_of,
 )
+from skyfed.compression import Codec
 from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
 from skyfed.proto.serde import ShardCoords
 from skyfed.tasks.base import Task, tp_plan_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -113,10 +117,8 @@ class LocalTrainer:
             loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
             (loss / self.local_steps).backward()
             losses.append(float(loss.detach()))
-        gradients = [
-            local_gradient(p) if owned else None
-            for p, owned in zip(self.params, self.owned, strict=True)
-        ]
+        local = [local_gradient(p) for p in self.params]  # every rank, every tensor
+        gradients = [g if owned else None for g, owned in zip(local, self.owned, strict=True)]
         steps = momentum.step(gradients)
         delta = [None if s is None else s.cpu() for s in steps]
         samples = self.local_steps * self.task.batch_size()
@@ -125,18 +127,18 @@ class LocalTrainer:
     def set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
         """What ``train`` computes from now on, as the coordinator's welcome says. The
         velocity survives a reconnect to a federation with the same settings."""
-        if exchange == "delta":
+        if exchange != "gradient":
             self.momentum = None
-        elif exchange != "gradient":
-            raise ValueError(f"the coordinator asks for exchange {exchange!r}, unknown here")
         elif self.momentum is None or (self.momentum.lr, self.momentum.momentum) != (lr, momentum):
             self.momentum = MomentumCorrection(lr, momentum)
+            if self.rank == 0:
+                log.info("[Agent.Exchange] gradient lr=%g momentum=%g", lr, momentum)
 
-    def sent(self, sent: list[torch.Tensor | None], sparse: bool) -> None:
-        """What this rank's last contribution carried, decoded: with momentum correction
-        and a ``sparse`` codec, the coordinates that went restart their velocity."""
-        if self.momentum is not None and sparse:
-            self.momentum.mask(sent)
+    def sent(self, sent: list[torch.Tensor | None], codec: Codec) -> None:
+        """What this rank's last contribution carried, decoded, and its codec: under
+        gradient exchange, coordinates a sparse codec sent restart their velocity."""
+        if self.momentum is not None:
+            self.momentum.mask(sent, codec)
 
     @torch.no_grad()
     def apply(self, update: list[torch.Tensor]) -> None:

@@ -75,7 +75,7 @@ def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
     defaults for the exchange (``gradient``: ``--exchange gradient``)."""
     policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
     if gradient:
-        policy.for_gradient_exchange()
+        policy = policy.for_gradient_exchange()
     if label.startswith("topk 0.1%"):  # with the policy's density warm-up
         return lambda t: make_codec("topk", **policy.codec_params("topk", t))
     if label.startswith("ecsgd"):
@@ -191,9 +191,8 @@ def _train(label: str, seed: int, cfg: Config) -> float:
         if cfg.sgd_lr:
             codec = schedule(t)
             update, ups = exchange.round_trip(codec, [s.momentum_step() for s in sites])
-            if codec.sparse:  # its coordinates go late: their velocity is stale
-                for site, delivered in zip(sites, ups, strict=True):
-                    site.correction.mask(list(delivered.values()))
+            for site, delivered in zip(sites, ups, strict=True):  # Top-k's momentum masking
+                site.correction.mask(list(delivered.values()), codec)
             with torch.no_grad():
                 for name, u in update.items():
                     params[name].sub_(u)

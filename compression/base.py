@@ -23,7 +23,7 @@ class Codec(ABC):
     name: ClassVar[str]
     wire_id: ClassVar[int]
     lossless: ClassVar[bool] = False
-    # Sends only some coordinates each time; the rest wait in the error-feedback residual.
+    # Sends only some coordinates of a (large) tensor; the rest wait in the residual.
     sparse: ClassVar[bool] = False
 
     @abstractmethod

@@ -85,9 +85,9 @@ class PolicyConfig:
     ecsgd_bits: int = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
     ecsgd_clip: float | None = None
-    """EC-SGD: each block's half-range in RMS of the block, 0 for the block's peak (unset:
-    the codec's least-squares default for its width; under gradient exchange
-    :data:`GRADIENT_ECSGD_CLIP`)."""
+    """EC-SGD at 2 and 4 bits: each block's half-range in RMS of the block, 0 for the
+    block's peak (unset: the codec's least-squares default for its width, 1.5 or 2.5;
+    under gradient exchange :data:`GRADIENT_ECSGD_CLIP`). The 1-bit sign has no clip."""
     max_ratio: float = 0.0
     """Cost mode's compression budget: no codec compressing more than this (0: any)."""
     cost_tie_pct: float = 10.0
@@ -119,13 +119,14 @@ class PolicyConfig:
         _require(self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
         _require(self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
 
-    def for_gradient_exchange(self) -> None:
-        """The defaults under the coordinator's ``exchange = "gradient"``: EC-SGD clips at
-        :data:`GRADIENT_ECSGD_CLIP` RMS unless ``ecsgd_clip`` is set. (1 bit is refused
-        there: the scaled sign holds back every element above the block's mean magnitude,
-        and training diverged.)"""
-        if self.ecsgd_clip is None:
-            self.ecsgd_clip = GRADIENT_ECSGD_CLIP
+    def for_gradient_exchange(self) -> PolicyConfig:
+        """This policy with the defaults of the coordinator's ``exchange = "gradient"``
+        (a copy): EC-SGD clips at :data:`GRADIENT_ECSGD_CLIP` RMS unless ``ecsgd_clip`` is
+        set. (1 bit is refused there: the scaled sign holds back every element above the
+        block's mean magnitude, and training diverged.)"""
+        if self.ecsgd_clip is not None:
+            return replace(self)
+        return replace(self, ecsgd_clip=GRADIENT_ECSGD_CLIP)
 
     @property
     def ladder(self) -> tuple[str, str, str]:

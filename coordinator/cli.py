@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from skyfed.config import load_config
-from skyfed.coordinator.config import EXCHANGES, CoordinatorConfig
+from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.logs import setup_logging
+from skyfed.proto.serde import EXCHANGES
 
 DRAIN_S = 3.0
 

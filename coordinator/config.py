@@ -10,8 +10,7 @@ from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
-
-EXCHANGES = ("delta", "gradient")  # what a contribution is; see CoordinatorConfig.exchange
+from skyfed.proto.serde import EXCHANGES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,7 +89,7 @@ class CoordinatorConfig:
         self.policy = _section(PolicyConfig, self.policy, "mode")
         self.monitor = _section(MonitorConfig, self.monitor, "window_s")
         if self.exchange == "gradient":
-            self.policy.for_gradient_exchange()
+            self.policy = self.policy.for_gradient_exchange()
             bits = self.policy.ecsgd_bits
             _require(bits != 1, "policy.ecsgd_bits", bits, "2 or 4 under exchange = gradient")
         codecs = ["auto", *codec_names()]

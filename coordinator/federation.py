@@ -37,6 +37,7 @@ from skyfed.errors import (
     LateContributionError,
     ModelMismatchError,
     ProtocolError,
+    UnsupportedExchangeError,
 )
 from skyfed.fingerprint import TensorInfo, describe_mismatch, spec_digest, weights_digest
 from skyfed.proto import federation_pb2 as pb
@@ -114,6 +115,12 @@ class Federation:
             raise ModelMismatchError(
                 f"model fingerprint differs from the federation's ({self.config.task}, "
                 f"{self.digest}): {describe_mismatch(self.spec, theirs)}"
+            )
+        offered = list(hello.exchanges) or ["delta"]  # agents from before the field
+        if self.config.exchange not in offered:
+            raise UnsupportedExchangeError(
+                f"this federation exchanges {self.config.exchange!r}; the agent offers "
+                f"{offered} (upgrade it)"
             )
         with self.cond:
             self._replace_existing(session)

@@ -16,6 +16,7 @@ from skyfed.errors import (
     ProtocolError,
     RevokedError,
     SessionReplacedError,
+    UnsupportedExchangeError,
 )
 
 # The one place domain errors become gRPC status codes.
@@ -26,6 +27,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     ChecksumError: grpc.StatusCode.DATA_LOSS,
     IdentityMismatchError: grpc.StatusCode.PERMISSION_DENIED,
     ModelMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedExchangeError: grpc.StatusCode.FAILED_PRECONDITION,
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     SessionReplacedError: grpc.StatusCode.ABORTED,

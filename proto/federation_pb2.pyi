@@ -28,7 +28,7 @@ class Shard(_message.Message):
     def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest")
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class Hello(_message.Message):
     CODECS_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGES_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     task: str
@@ -45,7 +46,8 @@ class Hello(_message.Message):
     codecs: _containers.RepeatedScalarFieldContainer[str]
     last_round: int
     weights_digest: str
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
+    exchanges: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum")

@@ -7,6 +7,10 @@ from collections.abc import Sequence
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 
+# What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
+# optimizer steps, or a momentum-corrected gradient step (skyfed.agent.momentum).
+EXCHANGES = ("delta", "gradient")
+
 # A shard is (dim, offset, length) along one dimension of a logical tensor; None is whole.
 ShardCoords = tuple[int, int, int] | None
 

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from skyfed.logs import setup_logging
+from skyfed.proto.serde import EXCHANGES
 
 
 @click.group()
@@ -27,7 +28,7 @@ def main() -> None:
 )
 @click.option(
     "--exchange",
-    type=click.Choice(["delta", "gradient"]),
+    type=click.Choice(EXCHANGES),
     default="delta",
     show_default=True,
     help="delta: pseudo-gradient of local steps; gradient: DGC's momentum-corrected step.",

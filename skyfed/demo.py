@@ -20,9 +20,9 @@ from rich.table import Table
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
-from skyfed.coordinator.config import EXCHANGES
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import federation_pb2 as pb
+from skyfed.proto.serde import EXCHANGES
 
 CLOUDS = ("aws", "gcp", "azure")
 

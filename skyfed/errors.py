@@ -31,6 +31,10 @@ class ModelMismatchError(FederationError):
     """A hello whose model fingerprint differs from the federation's."""
 
 
+class UnsupportedExchangeError(FederationError):
+    """The agent cannot contribute what the federation exchanges (an older agent)."""
+
+
 class RevokedError(FederationError):
     """A peer whose certificate is on the CRL or carries no valid identity."""
 

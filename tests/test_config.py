@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from skyfed.agent.config import AgentConfig
-from skyfed.compression.policy import GRADIENT_ECSGD_CLIP
+from skyfed.compression.policy import GRADIENT_ECSGD_CLIP, PolicyConfig
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 
@@ -69,6 +69,14 @@ def test_gradient_exchange_sets_ecsgd_clip_unless_the_policy_does(tmp_path):
     config = load_config(CoordinatorConfig, component="coordinator", path=toml, flags={})
     assert config.policy.codec_params("ecsgd") == {"bits": 2, "clip": 1.5}
     assert CoordinatorConfig(certs=Path("c")).policy.codec_params("ecsgd") == {"bits": 2}
+
+
+def test_gradient_exchange_leaves_a_policy_it_was_given_alone():
+    shared = PolicyConfig(ecsgd_bits=4)
+    gradient = CoordinatorConfig(certs=Path("c"), exchange="gradient", policy=shared)
+    delta = CoordinatorConfig(certs=Path("c"), policy=shared)
+    assert gradient.policy.codec_params("ecsgd") == {"bits": 4, "clip": GRADIENT_ECSGD_CLIP}
+    assert delta.policy.codec_params("ecsgd") == {"bits": 4} and shared.ecsgd_clip is None
 
 
 def test_agent_name_defaults_from_cloud_and_cert_paths_from_certs_dir():

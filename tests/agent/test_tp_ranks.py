@@ -60,9 +60,11 @@ def test_default_task_under_tp_with_a_multi_tensor_optimizer(reaped, tmp_path):
 
 
 def test_tp2_gradient_exchange_sends_the_tp1_momentum_step(reaped, tmp_path):
-    """chargpt's sharded and replicated gradients go into the velocity slice by slice."""
+    """chargpt's sharded and replicated gradients go into the velocity slice by slice;
+    relative to each tensor's step, since some steps are near 1e-5."""
     lead, _ = run_site(reaped, "chargpt", tmp_path, exchange="gradient")
     check_matches_tp1(lead)
+    assert lead["max_delta_rel_diff"] < 1e-3, lead["max_delta_rel_diff"]
 
 
 def test_each_rank_keeps_error_feedback_only_for_the_slices_it_owns(mlp_site):

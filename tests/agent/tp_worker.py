@@ -2,7 +2,8 @@
 
 ``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR [EXCHANGE]``: rank 0 drives the
 site and a single-process replica through the same steps and writes what it saw to OUT_DIR.
-EXCHANGE is the agent's ``exchange`` option (default ``delta``).
+EXCHANGE is what the coordinator's welcome would set (``delta``, the default, or
+``gradient``).
 """
 
 from __future__ import annotations
@@ -33,18 +34,30 @@ def logical_mean(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
     return aggregate.mean()
 
 
+ROUNDS = 2  # the second carries optimizer state (Adam's moments, the velocity) along
+
+
 def lead(site: Site, replica: Site) -> dict:
     seen: dict = {"digest_before": site.digest() == replica.digest()}
-    site.train(), replica.train()
-    payloads = site.contribution(0, "fp32")
-    ours = logical_mean(site, payloads)
-    theirs = logical_mean(replica, replica.contribution(0, "fp32"))
-    diffs = [float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True)]
-    seen["max_delta_diff"] = max(diffs)
-    seen["payloads_per_tensor"] = [sum(p.tensor == i for p in payloads) for i in range(len(ours))]
+    seen["max_delta_diff"] = seen["max_delta_rel_diff"] = 0.0
     fp32 = make_codec("fp32")
-    datas = [fp32.encode(u) for u in theirs]
-    site.apply(0, datas, theirs), replica.apply(0, datas, theirs)
+    for round in range(ROUNDS):
+        site.train(), replica.train()
+        payloads = site.contribution(round, "fp32")
+        ours = logical_mean(site, payloads)
+        theirs = logical_mean(replica, replica.contribution(round, "fp32"))
+        for a, b in zip(ours, theirs, strict=True):
+            diff = float((a - b).abs().max())
+            seen["max_delta_diff"] = max(seen["max_delta_diff"], diff)
+            # Against the tensor's own step; floored, as attention's key bias has a zero
+            # gradient (softmax ignores it) that float noise puts at 1e-13.
+            rel = diff / max(float(b.abs().max()), 1e-8)
+            seen["max_delta_rel_diff"] = max(seen["max_delta_rel_diff"], rel)
+        seen["payloads_per_tensor"] = [
+            sum(p.tensor == i for p in payloads) for i in range(len(ours))
+        ]
+        datas = [fp32.encode(u) for u in theirs]
+        site.apply(round, datas, theirs), replica.apply(round, datas, theirs)
     seen["digest_after"] = site.digest() == replica.digest()
     return seen
 

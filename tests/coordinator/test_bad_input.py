@@ -27,7 +27,13 @@ def model_and_spec():
     return [p.detach().clone() for _, p in named], model_spec(named)
 
 
-def join(agent, cloud: str, name: str, codecs: tuple[str, ...] = ("fp32",)) -> pb.Welcome:
+def join(
+    agent,
+    cloud: str,
+    name: str,
+    codecs: tuple[str, ...] = ("fp32",),
+    exchanges: tuple[str, ...] = (),
+) -> pb.Welcome:
     weights, spec = model_and_spec()
     agent.send(
         hello=pb.Hello(
@@ -38,6 +44,7 @@ def join(agent, cloud: str, name: str, codecs: tuple[str, ...] = ("fp32",)) -> p
             codecs=list(codecs),
             last_round=-1,
             weights_digest=weights_digest(weights),
+            exchanges=list(exchanges),
         )
     )
     return agent.expect("welcome").welcome
@@ -203,6 +210,17 @@ def test_message_before_hello_is_refused(serve, raw_agent):
     code, details = agent.ended()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "hello" in details
+
+
+def test_agent_without_the_federations_exchange_is_failed_precondition(serve, raw_agent):
+    running = serve(exchange="gradient")
+    agent = raw_agent(running.port, "aws-1")
+    _, spec = model_and_spec()
+    hello = pb.Hello(cloud="aws", name="aws-1", tensors=specs_to_proto(spec), last_round=-1)
+    agent.send(hello=hello)  # an agent from before gradient exchange offers none: delta
+    code, details = agent.ended()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "exchanges 'gradient'" in details and "['delta']" in details
 
 
 def test_model_mismatch_is_failed_precondition(serve, raw_agent):

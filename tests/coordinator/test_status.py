@@ -30,7 +30,7 @@ def test_status_lists_agents_and_raw_link_windows_on_request(serve, raw_agent, p
 
 def test_welcome_and_status_name_the_federations_exchange(serve, raw_agent, pki):
     running = serve(exchange="gradient", sgd_lr=0.05, probe_port=-1)
-    welcome = join(raw_agent(running.port, "aws-1"), "aws", "aws-1")
+    welcome = join(raw_agent(running.port, "aws-1"), "aws", "aws-1", exchanges=("gradient",))
     assert (welcome.exchange, welcome.sgd_lr, welcome.sgd_momentum) == ("gradient", 0.05, 0.9)
     status = fetch_status(f"localhost:{running.port}", pki.directory, "coordinator")
     assert status.exchange == "gradient"

@@ -37,13 +37,7 @@ def start_coordinator(
 
 
 def start_agent(
-    kids: Children,
-    work: Path,
-    port: int,
-    cloud: str,
-    shard: int,
-    local_steps: int = 1,
-    **extra: object,
+    kids: Children, work: Path, port: int, cloud: str, shard: int, local_steps: int = 1
 ) -> None:
     flags = {
         "--cloud": cloud,
@@ -53,7 +47,6 @@ def start_agent(
         "--num-shards": 3,
         "--local-steps": local_steps,
         "--report": work / f"{cloud}.json",
-        **extra,
     }
     kids.start(cloud, command("agent", "start", *(str(x) for kv in flags.items() for x in kv)))
 
@@ -111,7 +104,8 @@ def test_gradient_exchange_with_topk_trains_and_ends_bit_identical(reaped, work)
     losses = [r["meanLoss"] for r in status["rounds"]]
     assert losses[-1] < losses[0] - 0.5, losses
     assert {r["codec"] for r in (report(work, c) for c in CLOUDS)} == {"topk"}
-    assert all("exchange=gradient" in reaped.log(c) for c in CLOUDS)
+    # The trainer itself took the welcome's settings (what it computes: tests/agent).
+    assert all("[Agent.Exchange] gradient lr=0.1 momentum=0.9" in reaped.log(c) for c in CLOUDS)
     assert_identical(work, status, 12)
 
 
