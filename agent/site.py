@@ -129,8 +129,9 @@ class Site:
         self.trainer.set_exchange(exchange, lr, momentum)
 
     def _contribution(self, round: int, codec: str) -> list[Payload]:
-        mine = self.uplink.encode(round, codec, self._take_delta())
-        self.trainer.sent(self.uplink.sent(round), codec_from_spec(codec))
+        built = codec_from_spec(codec)  # the coordinator's name, maybe with parameters
+        mine = self.uplink.encode(round, built, self._take_delta())
+        self.trainer.sent(self.uplink.sent(round), built)
         gathered = self.group.gather(mine)
         payloads = [p for per_rank in gathered for p in per_rank]
         return sorted(payloads, key=lambda p: (p.tensor, p.shard[1] if p.shard else 0))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from skyfed.compression import ErrorFeedback
-from skyfed.compression.spec import codec_from_spec
+from skyfed.compression import Codec, ErrorFeedback
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto.chunks import Payload
 from skyfed.proto.serde import ShardCoords
@@ -32,14 +31,8 @@ class Uplink:
         self.feedback = ErrorFeedback()
         self._unacked: dict[int, dict[str, torch.Tensor]] = {}
 
-    def encode(
-        self, round: int, codec_spec: str, delta: list[torch.Tensor | None]
-    ) -> list[Payload]:
-        """Payloads for the owned slices (``delta[i]`` not None), less empty shards.
-
-        ``codec_spec`` is what the coordinator sent: a name, maybe with parameters.
-        """
-        codec = codec_from_spec(codec_spec)
+    def encode(self, round: int, codec: Codec, delta: list[torch.Tensor | None]) -> list[Payload]:
+        """Payloads for the owned slices (``delta[i]`` not None), less empty shards."""
         owned = {
             i: (key, d)
             for i, (key, d) in enumerate(zip(self.keys, delta, strict=True))
