@@ -62,7 +62,6 @@ class LocalTrainer:
         local_steps: int,
         mesh: DeviceMesh | None = None,
         device: torch.device | None = None,
-        momentum: MomentumCorrection | None = None,
     ) -> None:
         self.task = task
         self.device = device or torch.device("cpu")
@@ -80,8 +79,9 @@ class LocalTrainer:
         self.optimizer = task.make_optimizer(param_groups(self.params))
         self.batches = task.batches(shard, num_shards, seed)
         self.local_steps = local_steps
-        # Gradient exchange: the step to send comes from here, not from the task's optimizer.
-        self.momentum = momentum
+        # Gradient exchange (set_exchange): the step to send comes from here, not from the
+        # task's optimizer.
+        self.momentum: MomentumCorrection | None = None
 
     def train(self) -> LocalResult:
         if self.momentum is not None:

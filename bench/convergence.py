@@ -132,11 +132,12 @@ class Site:
         self.model = model
         self.batches = task.batches(shard, sites, seed)
         self.optimizer = task.make_optimizer(model.parameters())
-        # The agent's exchange = "gradient" (only used when sgd_lr > 0).
-        self.correction = MomentumCorrection(sgd_lr or 1.0, MOMENTUM)
+        # The agent's exchange = "gradient", when the run uses it.
+        self.correction = MomentumCorrection(sgd_lr, MOMENTUM) if sgd_lr else None
 
     def momentum_step(self) -> Tensors:
         """The agent's ``exchange = "gradient"``: ``lr * u`` after ``u = m u + g``."""
+        assert self.correction is not None
         gradients = self.gradient()
         return dict(zip(gradients, self.correction.step(list(gradients.values())), strict=True))
 
@@ -188,22 +189,20 @@ def _train(label: str, seed: int, cfg: Config) -> float:
     exchange = Exchange(cfg.sites, run.feedback)
     params = dict(model.named_parameters())
     for t in range(cfg.rounds):
+        codec = schedule(t)
         if cfg.sgd_lr:
-            codec = schedule(t)
-            update, ups = exchange.round_trip(codec, [s.momentum_step() for s in sites])
+            mean, ups = exchange.round_trip(codec, [s.momentum_step() for s in sites])
             for site, delivered in zip(sites, ups, strict=True):  # Top-k's momentum masking
+                assert site.correction is not None
                 site.correction.mask(list(delivered.values()), codec)
-            with torch.no_grad():
-                for name, u in update.items():
-                    params[name].sub_(u)
-            continue
-        if cfg.local_steps == 0:
-            mean = exchange.average(schedule(t), [s.gradient() for s in sites])
+        elif cfg.local_steps == 0:
+            mean = exchange.average(codec, [s.gradient() for s in sites])
             for name, g in mean.items():
                 params[name].grad = g
             sites[0].optimizer.step()
             continue
-        mean = exchange.average(schedule(t), [s.delta(cfg.local_steps) for s in sites])
+        else:
+            mean = exchange.average(codec, [s.delta(cfg.local_steps) for s in sites])
         with torch.no_grad():
             for name, u in mean.items():
                 params[name].sub_(u)

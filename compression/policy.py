@@ -124,9 +124,8 @@ class PolicyConfig:
         (a copy): EC-SGD clips at :data:`GRADIENT_ECSGD_CLIP` RMS unless ``ecsgd_clip`` is
         set. (1 bit is refused there: the scaled sign holds back every element above the
         block's mean magnitude, and training diverged.)"""
-        if self.ecsgd_clip is not None:
-            return replace(self)
-        return replace(self, ecsgd_clip=GRADIENT_ECSGD_CLIP)
+        clip = GRADIENT_ECSGD_CLIP if self.ecsgd_clip is None else self.ecsgd_clip
+        return replace(self, ecsgd_clip=clip)
 
     @property
     def ladder(self) -> tuple[str, str, str]:

@@ -29,13 +29,10 @@ def test_uncompressed_gradient_exchange_is_momentum_sgd():
 
 def test_coordinates_topk_sent_restart_their_velocity():
     ours = MomentumCorrection(lr=0.5, momentum=0.9)
-    g = torch.tensor([4.0, -3.0, 0.5, 0.1])
-    ef = ErrorFeedback()
-    (step,) = ours.step([g])
-    sent = decode_payload(
-        ef.encode_all(make_codec("topk", density=0.5, dense_below=1), {"w": step})["w"][0]
-    )
-    ours.mask([sent], make_codec("topk", density=0.5, dense_below=1))
+    topk = make_codec("topk", density=0.5, dense_below=1)
+    (step,) = ours.step([torch.tensor([4.0, -3.0, 0.5, 0.1])])
+    sent = decode_payload(ErrorFeedback().encode_all(topk, {"w": step})["w"][0])
+    ours.mask([sent], topk)
     assert sent[:2].ne(0).all() and sent[2:].eq(0).all()
     torch.testing.assert_close(ours.velocity[0], torch.tensor([0.0, 0.0, 0.5, 0.1]))
 

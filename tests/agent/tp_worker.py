@@ -1,9 +1,8 @@
 """One rank of a tp-rank site, checked against a tp=1 replica (run by test_tp_ranks).
 
-``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR [EXCHANGE]``: rank 0 drives the
+``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR EXCHANGE``: rank 0 drives the
 site and a single-process replica through the same steps and writes what it saw to OUT_DIR.
-EXCHANGE is what the coordinator's welcome would set (``delta``, the default, or
-``gradient``).
+EXCHANGE is what the coordinator's welcome would set (``delta`` or ``gradient``).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from skyfed.agent.momentum import MomentumCorrection
 from skyfed.agent.ranks import STORE_HOST, init_ranks
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
@@ -63,9 +61,10 @@ def lead(site: Site, replica: Site) -> dict:
 
 
 def trainer(task_spec: str, exchange: str, **options: object) -> LocalTrainer:
-    momentum = MomentumCorrection(0.1, 0.9) if exchange == "gradient" else None
     local = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": 2}
-    return LocalTrainer(load_task(task_spec), momentum=momentum, **local, **options)
+    made = LocalTrainer(load_task(task_spec), **local, **options)
+    made.set_exchange(exchange, lr=0.1, momentum=0.9)
+    return made
 
 
 def main(rank: int, world: int, port: int, task_spec: str, out: Path, exchange: str) -> None:
@@ -94,12 +93,5 @@ def chargpt_foreach() -> object:
 
 
 if __name__ == "__main__":
-    exchange = sys.argv[6] if len(sys.argv) > 6 else "delta"
-    main(
-        int(sys.argv[1]),
-        int(sys.argv[2]),
-        int(sys.argv[3]),
-        sys.argv[4],
-        Path(sys.argv[5]),
-        exchange,
-    )
+    rank, world, port, task_spec, out, exchange = sys.argv[1:7]
+    main(int(rank), int(world), int(port), task_spec, Path(out), exchange)
