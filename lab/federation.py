@@ -93,8 +93,11 @@ class Federation:
             self.start_agent(name)
 
     def start_agent(self, name: str) -> LabProcess:
-        """Start (or restart) one agent."""
+        """Start (or restart) one agent, on its own shard of the task's data (as sites of a
+        real federation hold different data; on one shard with one seed, every agent would
+        draw the same batches and the mean gradient would be one agent's)."""
         argv = ["agent", "start", "--cloud", cloud_of(name), "--name", name]
+        argv += ["--shard", str(self.agents.index(name)), "--num-shards", str(len(self.agents))]
         argv += ["--coordinator", self.address, "--certs", str(self.certs)]
         argv += ["--rounds", str(self.spec.rounds), "--report", str(self.report_path(name))]
         proc = self.lab.spawn(name, [*argv, *self.spec.agent_args], log_path=self.log(name))

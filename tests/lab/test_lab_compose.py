@@ -115,6 +115,15 @@ def test_agent_shapes_its_link_then_runs_a_valid_agent_command(
     validate_argv(inner)
 
 
+def test_every_agent_trains_on_its_own_shard(doc: dict[str, Any]) -> None:
+    shards = []
+    for cloud in CLOUDS:
+        _, inner = split_shape(doc["services"][cloud]["command"])
+        assert option(inner, "--num-shards") == str(len(CLOUDS)), inner
+        shards.append(option(inner, "--shard"))
+    assert sorted(shards) == [str(i) for i in range(len(CLOUDS))], shards
+
+
 def test_every_certificate_a_service_reads_is_produced_by_the_certs_service(
     doc: dict[str, Any],
 ) -> None:
