@@ -25,6 +25,10 @@ class Codec(ABC):
     lossless: ClassVar[bool] = False
     # Sends only some coordinates of a (large) tensor; the rest wait in the residual.
     sparse: ClassVar[bool] = False
+    # Sends every element of its input up to rounding, so it would send a whole residual at
+    # once: error feedback gives it at most the update's norm of it per round
+    # (:func:`~skyfed.compression.feedback.released`).
+    bounded_release: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: torch.Tensor) -> bytes:

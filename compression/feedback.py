@@ -9,6 +9,31 @@ import torch
 from skyfed.compression.base import Codec
 
 
+def released(
+    codec: Codec, g: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(p, held)``: what ``codec`` encodes this round, ``g`` plus (some of) the residual,
+    and the part of the residual that waits (None: none).
+
+    The textbook rule adds the whole residual. A codec that sends all of its input
+    (:attr:`Codec.bounded_release`: FP16/BF16/FP32) takes at most ``|g|`` of it per round
+    (L2, per tensor): after a Top-k phase the residual holds many rounds of delayed
+    updates, and a link that switched to FP16 sent them in one step and spiked the loss
+    (2.51 -> 2.85 held-out, ``bench/adaptive.py``, gradient exchange). Held work is delayed,
+    not lost. A residual no larger than ``g`` (FP16's own rounding error) goes whole; a
+    tensor whose update is exactly zero holds its residual until it moves again.
+    """
+    if residual is None:
+        return g, None
+    if not codec.bounded_release:
+        return g + residual, None
+    g_norm, e_norm = float(torch.linalg.vector_norm(g)), float(torch.linalg.vector_norm(residual))
+    if e_norm <= g_norm:
+        return g + residual, None
+    share = g_norm / e_norm
+    return g + residual * share, residual * (1.0 - share)
+
+
 @dataclass
 class ErrorFeedback:
     """Residuals keyed by tensor (or shard) name, owned by one end of one link.
@@ -33,15 +58,14 @@ class ErrorFeedback:
     ) -> dict[str, tuple[bytes, torch.Tensor]]:
         """:meth:`encode` for a set of tensors that travel together, so the codec can plan
         across them (Top-k: one threshold for the set, :meth:`Codec.plan`)."""
-        pending = {}
+        pending, held = {}, {}
         for key, g in tensors.items():
-            previous = self.residuals.get(key)
-            pending[key] = g if previous is None else g + previous
+            pending[key], held[key] = released(codec, g, self.residuals.get(key))
         out = {}
         for key, each in codec.plan(pending).items():
             p = pending[key]
             payload, residual = each.encode_with_feedback(p, None)
-            self.residuals[key] = residual
+            self.residuals[key] = residual if held[key] is None else residual + held[key]
             out[key] = (payload, p - residual)
         return out
 

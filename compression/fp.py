@@ -33,6 +33,7 @@ class _ElementwiseCodec(Codec):
     """
 
     wire_dtype: torch.dtype
+    bounded_release = True
 
     def __init__(self) -> None:
         self._local = threading.local()

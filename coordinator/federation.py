@@ -24,6 +24,7 @@ import torch
 from google.protobuf import json_format
 
 from skyfed.compression import make_codec
+from skyfed.compression.feedback import released
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.aggregate import Contribution, RoundAggregate
 from skyfed.coordinator.config import CoordinatorConfig
@@ -409,22 +410,25 @@ class Federation:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
         params = self.config.policy.codec_params(codec_name, self.round)
         codec = make_codec(codec_name, **params).for_downlink(contributors)
-        if self.residual is None and not codec.lossless:
-            self.residual = [torch.zeros_like(w) for w in self.weights]
-        if codec.lossless:
-            if self.residual is not None:  # a lossless round owes nothing: send what was held
-                update = [u + r for u, r in zip(update, self.residual, strict=True)]
-                self.residual = None
+        if codec.lossless and self.residual is None:  # nothing held, nothing to hold
             for w, u in zip(self.weights, update, strict=True):
                 w.sub_(u)
             return [Payload(i, None, codec_name, codec.encode(u)) for i, u in enumerate(update)]
-        pending = {str(i): u + self.residual[i] for i, u in enumerate(update)}
+        if self.residual is None:
+            self.residual = [torch.zeros_like(w) for w in self.weights]
+        pending, held = {}, {}
+        for i, u in enumerate(update):
+            pending[str(i)], held[i] = released(codec, u, self.residual[i])
         payloads = []
         for key, each in codec.plan(pending).items():  # Top-k: one threshold for the model
             i = int(key)
             data, self.residual[i] = each.encode_with_feedback(pending[key], None)
+            if held[i] is not None:
+                self.residual[i] += held[i]
             self.weights[i].sub_(each.decode(data))
             payloads.append(Payload(i, None, codec_name, data))
+        if codec.lossless and all(h is None for h in held.values()):
+            self.residual = None  # a lossless round that released everything owes nothing
         return payloads
 
     def _broadcast(self, payloads: list[Payload], contributors: int, final: bool) -> None:

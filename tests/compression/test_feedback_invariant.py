@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from skyfed.compression import ErrorFeedback, decode_payload, make_codec
+from skyfed.compression.feedback import released
 from skyfed.compression.schedule import DensityWarmup
 
 LOSSY = [
@@ -106,3 +107,38 @@ def test_density_warmup_falls_geometrically_to_the_final_density() -> None:
     assert all(a > b for a, b in zip(densities, densities[1:4], strict=False))
     with pytest.raises(ValueError, match="final"):
         DensityWarmup(final=0.0)
+
+
+def test_fp16_after_topk_releases_at_most_one_update_of_the_residual_per_round() -> None:
+    ef, topk, fp16 = ErrorFeedback(), make_codec("topk", density=0.01), make_codec("fp16")
+    gen = torch.Generator().manual_seed(0)
+    fed = torch.zeros(4000, dtype=torch.float64)
+    sent = torch.zeros(4000, dtype=torch.float64)
+    drift = torch.randn(4000, generator=gen)  # gradients that agree from round to round
+    for _ in range(30):  # a far phase: 99 % of every update waits in the residual
+        g = drift + torch.randn(4000, generator=gen)
+        fed += g
+        sent += decode_payload(ef.encode("w", topk, g)[0])
+    backlog = float(ef.residuals["w"].norm())
+    for _ in range(200):  # the link is near again
+        g = drift + torch.randn(4000, generator=gen)
+        fed += g
+        step = decode_payload(ef.encode("w", fp16, g)[0])
+        sent += step
+        assert float(step.norm()) <= 2.001 * float(g.norm())  # g and at most |g| of backlog
+        assert torch.allclose(sent + ef.residuals["w"].double(), fed, atol=1e-3)
+    assert backlog > 10 * float(g.norm()) and float(ef.residuals["w"].norm()) < 1e-2 * backlog
+
+
+def test_a_residual_no_larger_than_the_update_goes_whole() -> None:
+    """FP16's own rounding error: every round sends all of it, as textbook error feedback."""
+    residual, g = torch.randn(100) * 1e-3, torch.randn(100)
+    p, held = released(make_codec("fp16"), g, residual)
+    assert held is None and torch.equal(p, g + residual)
+
+
+@pytest.mark.parametrize(("name", "params"), [("topk", {"density": 0.01}), ("ecsgd", {"bits": 2})])
+def test_compressing_codecs_take_the_whole_residual(name: str, params: dict) -> None:
+    residual, g = torch.randn(100) * 100, torch.randn(100)
+    p, held = released(make_codec(name, **params), g, residual)
+    assert held is None and torch.equal(p, g + residual)

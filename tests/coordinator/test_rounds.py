@@ -93,6 +93,37 @@ def test_restarted_agent_is_not_counted_twice_in_one_round(serve, raw_agent):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
 
 
+def test_a_light_broadcast_after_topk_releases_the_backlog_one_update_at_a_time(serve, raw_agent):
+    running = serve(codec="topk")
+    lossy = raw_agent(running.port, "aws-1")
+    assert join(lossy, "aws", "aws-1", codecs=("fp32", "topk")).codec == "topk"
+    big = [d * 100 for d in deltas(1)]  # a backlog far larger than the next update
+    send(lossy, *contribution(big, round=0))
+    assert lossy.expect("receipt").receipt.accepted
+    lossy.expect("round_end")
+    backlog = [r.clone() for r in running.federation.residual]
+    lossy.close()
+    plain = raw_agent(running.port, "gcp-1")
+    assert join(plain, "gcp", "gcp-1").codec == "fp32"
+    plain.expect("weights_end")
+    before = [w.clone() for w in running.federation.weights]
+    send(plain, *contribution(deltas(2), round=1))
+    assert plain.expect("receipt").receipt.accepted
+    plain.expect("round_end")
+    assert running.federation.history[-1].downlink_codec == "fp32"
+    moved = zip(before, running.federation.weights, deltas(2), backlog, strict=True)
+    for w0, w1, d, held in moved:
+        if held.norm() > d.norm():  # at most the update and one update's worth of backlog
+            assert (w0 - w1).norm() <= 2.001 * d.norm()
+    # Nothing is lost: what moved plus what is still held is both rounds' work.
+    residual = running.federation.residual
+    weights, _ = model_and_spec()
+    for w, w1, b, d, r in zip(
+        weights, running.federation.weights, big, deltas(2), residual, strict=True
+    ):
+        torch.testing.assert_close(w - w1 + r, b + d, rtol=0, atol=1e-5)
+
+
 def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_back(
     serve, raw_agent
 ):
