@@ -66,7 +66,7 @@ from skyfed.tasks.base import Task
 FAR = LinkProfile(name="bench-far", rtt_ms=300.0, jitter_ms=2.0, loss_pct=1.0, rate_mbit=20.0)
 NEAR = LinkProfile(name="bench-near", rtt_ms=10.0, jitter_ms=0.5, rate_mbit=200.0)
 POLL_S = 0.2
-# Per exchange: targets reached after the far phase (~150-220 rounds under gradient
+# Per exchange: targets reached after the far phase (~150-270 rounds under gradient
 # exchange, ~100-150 under delta), so that every run crosses both link changes; a run
 # that ends inside the first near phase measures nothing of the policy.
 DEFAULTS = {
