@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +12,7 @@ from pathlib import Path
 import click
 
 from skyfed.lab.profiles import load_catalog
+from skyfed.lab.topology import tear_down_on_signals
 
 DEFAULT_AGENTS = ("aws-1=cross-region", "gcp-1=cross-region", "azure-1=cross-region")
 
@@ -33,16 +32,6 @@ def _lab(agents: tuple[str, ...], mechanism: str, profiles: Path | None):  # noq
 
     spec = LabSpec(agents=_agents(agents), mechanism=mechanism)
     return Lab(spec=spec, catalog=load_catalog(profiles))
-
-
-def _tear_down_on_signals() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every namespace and process is torn down.
-
-    SIGINT is set back to Python's Ctrl-C handler too: a shell starts background jobs
-    with SIGINT ignored and Python keeps an inherited ignore, which would leave a lab
-    started from a script deaf to ``kill -INT`` and its namespaces behind."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _require_lab() -> None:
@@ -113,7 +102,7 @@ def check(
     from skyfed.lab.selfcheck import CheckSettings, measure_link
 
     _require_lab()
-    _tear_down_on_signals()
+    tear_down_on_signals()
     names = names or tuple(load_catalog(profiles).profiles)
     failed = 0
     for name in names:
@@ -135,7 +124,7 @@ def ceiling(seconds: float, repeat: int, mechanism: str) -> None:
     from skyfed.lab.selfcheck import measure_ceiling
 
     _require_lab()
-    _tear_down_on_signals()
+    tear_down_on_signals()
     with _lab(("probe=lan",), mechanism, None) as built:
         link = built.link("probe")
         link.set_profile(LinkProfile(name="unshaped", rtt_ms=0.0))
@@ -156,7 +145,7 @@ def up(agents: tuple[str, ...], do_check: bool, mechanism: str, profiles: Path |
     from skyfed.lab.selfcheck import check_lab
 
     _require_lab()
-    _tear_down_on_signals()
+    tear_down_on_signals()
     with _lab(agents, mechanism, profiles) as built:
         if do_check:
             for report in check_lab(built):
@@ -203,7 +192,7 @@ def run(
     from skyfed.lab.selfcheck import check_lab
 
     _require_lab()
-    _tear_down_on_signals()
+    tear_down_on_signals()
     if compose_file is not None:
         agents, rounds = _from_compose(compose_file, rounds)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="skyfed-lab-"))

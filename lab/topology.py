@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -257,4 +258,23 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-__all__ = ["AgentSpec", "COORDINATOR", "Lab", "LabError", "LabProcess", "LabSpec"]
+def tear_down_on_signals() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every namespace and process is torn down.
+
+    SIGINT is set back to Python's Ctrl-C handler too: a shell starts background jobs
+    with SIGINT ignored and Python keeps an inherited ignore, which would leave a lab
+    started from a script deaf to ``kill -INT`` and its namespaces behind. Call it from the
+    main thread of a program that builds labs (the lab CLI, the benches)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+__all__ = [
+    "AgentSpec",
+    "COORDINATOR",
+    "Lab",
+    "LabError",
+    "LabProcess",
+    "LabSpec",
+    "tear_down_on_signals",
+]
