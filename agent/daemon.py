@@ -139,8 +139,7 @@ class Agent:
         self.site.set_exchange(exchange, welcome.sgd_lr, welcome.sgd_momentum)
         self.max_chunk_bytes = welcome.max_chunk_bytes
         link.start_heartbeats(welcome.heartbeat_ms / 1000)
-        if welcome.weights_follow:
-            self._receive_weights(link)
+        final = self._receive_weights(link) if welcome.weights_follow else False
         self.last_round = welcome.round - 1
         log.info(
             "[Agent.Join] identity=%s round=%d codec=%s exchange=%s",
@@ -149,8 +148,12 @@ class Agent:
             self.codec,
             exchange,
         )
+        if final:  # we missed the last round (a cut link): these weights are the result
+            self._write_report(self.site.digest())
+            raise Finished
 
-    def _receive_weights(self, link: Link) -> None:
+    def _receive_weights(self, link: Link) -> bool:
+        """Load the coordinator's weights; True if the federation has finished with them."""
         assembler = self._assembler(pb.Chunk.WEIGHTS, None)
         weights: dict[int, torch.Tensor] = {}
         datas: dict[int, bytes] = {}
@@ -172,6 +175,7 @@ class Agent:
         if self.site.digest() != end.weights_digest:
             raise Resync("received weights do not match the coordinator's digest")
         log.info("[Agent.Sync] weights of round %d loaded", end.round)
+        return end.final
 
     def _round(self, link: Link) -> None:
         target = self.last_round + 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 
 import click
@@ -13,8 +12,6 @@ from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.logs import setup_logging
 from skyfed.proto.serde import EXCHANGES
-
-DRAIN_S = 3.0
 
 
 @click.group()
@@ -79,17 +76,10 @@ def serve(config_path: Path | None, log_level: str | None, **flags: object) -> N
         signal.signal(sig, lambda *_: stop.set())
     with run_server(config) as running:
         click.echo(f"coordinator listening on port {running.port}", err=True)
-        while not stop.is_set() and not running.federation.finished:
+        # The driver ends after the last round once the agents have closed their streams
+        # (bounded by final_wait_s), or when stopped.
+        while not stop.is_set() and running.driver.is_alive():
             stop.wait(0.2)
-        if running.federation.finished:
-            _drain(running)
-
-
-def _drain(running) -> None:  # noqa: ANN001
-    """Give agents a moment to read the final round before the server goes away."""
-    deadline = time.monotonic() + DRAIN_S
-    while running.federation.sessions and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 @main.command()

@@ -72,6 +72,10 @@ class CoordinatorConfig:
     """Interval agents send heartbeats at."""
     liveness_timeout_s: float = 30.0
     """An agent silent (no message at all) this long is dropped from the round."""
+    final_wait_s: float = 30.0
+    """After the last round, how long to wait for agents to close their streams (each does
+    once it has applied that round) before the coordinator stops; on a slow link the final
+    broadcast takes a while."""
     port_file: Path | None = None
     """Write the bound port here once serving (for port 0)."""
     status_file: Path | None = None
@@ -109,6 +113,7 @@ class CoordinatorConfig:
             self.liveness_timeout_s,
             "longer than two heartbeats",
         )
+        _require(self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
         _require(":" in self.listen, "listen", self.listen, "HOST:PORT")
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"

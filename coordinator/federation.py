@@ -130,7 +130,9 @@ class Federation:
             session.codec = self._link_codec(session)
             session.tp = max(1, hello.tp)
             behind = (
-                hello.last_round != self.round - 1 or hello.weights_digest != self.weights_digest
+                self.finished  # the final weights follow, and tell it to stop
+                or hello.last_round != self.round - 1
+                or hello.weights_digest != self.weights_digest
             )
             self.sessions[session.key] = session
             session.state = "syncing" if behind else "idle"
@@ -192,7 +194,10 @@ class Federation:
         )
         out = [pb.CoordinatorMessage(chunk=c) for c in chunks]
         end = pb.WeightsEnd(
-            round=self.round - 1, chunks=len(out), weights_digest=self.weights_digest
+            round=self.round - 1,
+            chunks=len(out),
+            weights_digest=self.weights_digest,
+            final=self.finished,
         )
         return [*out, pb.CoordinatorMessage(weights_end=end)]
 
@@ -345,6 +350,13 @@ class Federation:
                     self._maybe_open()
                 elif self._should_close():
                     self._close_round()
+                self.cond.wait(timeout=0.05)
+            # Agents close their streams once they have applied the final round. Until
+            # then its broadcast may still be crossing a slow link: closing at once (the
+            # server stopping right behind) cut a lossy link's final round off mid-transfer
+            # and left that agent reconnecting to nothing.
+            deadline = time.monotonic() + self.config.final_wait_s
+            while not self.stopping and self.sessions and time.monotonic() < deadline:
                 self.cond.wait(timeout=0.05)
             for s in self.sessions.values():
                 s.close()  # after the queued final messages

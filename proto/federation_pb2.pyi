@@ -162,14 +162,16 @@ class RoundEnd(_message.Message):
     def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ..., codec_params: _Optional[str] = ...) -> None: ...
 
 class WeightsEnd(_message.Message):
-    __slots__ = ("round", "chunks", "weights_digest")
+    __slots__ = ("round", "chunks", "weights_digest", "final")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     weights_digest: str
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
+    final: bool
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probe_rtt_ms", "probes_settled", "probes_lost")
