@@ -1,8 +1,8 @@
 """Adaptive link policy against every fixed codec, over a link that changes mid-run.
 
-    sudo python bench/adaptive.py                        # 5 codecs x 4 seeds, ~26 min
-    sudo python bench/adaptive.py --seeds 0,1,2,3,4      # 5 seeds, ~33 min
-    sudo python bench/adaptive.py --exchange delta       # the federation's default, ~32 min
+    sudo python bench/adaptive.py                        # 5 codecs x 4 seeds, ~60 min
+    sudo python bench/adaptive.py --codecs fp16,topk,ecsgd,auto:table --seeds 0,1,2,3,4,5
+    sudo python bench/adaptive.py --exchange delta       # the federation's default
     sudo python bench/adaptive.py --codecs topk,auto:table --set-policy 'heavy = "topk"'
 
 Each run builds a fresh network lab (root, network namespaces): a coordinator and two
@@ -74,9 +74,9 @@ SMOOTH_ROUNDS = 10
 """The target is met by the mean held-out loss over this many rounds' weights."""
 CHECKS_TO_STOP = 3
 SCAN_MARGIN = 0.1
-# Per exchange: targets reached after the far phase (~150-270 rounds under gradient
-# exchange, ~100-150 under delta), so that every run crosses both link changes; a run
-# that ends inside the first near phase measures nothing of the policy.
+# Per exchange: targets reached after the far phase (~155-220 rounds, 83-110 s, under
+# gradient exchange with the 60 s far phase), so that every run crosses both link changes;
+# a run that ends inside the first near phase measures nothing of the policy.
 DEFAULTS = {
     "gradient": {"target_loss": 2.3, "max_s": 150.0, "local_steps": 1},
     "delta": {"target_loss": 2.0, "max_s": 240.0, "local_steps": 4},
