@@ -1,6 +1,6 @@
 """Adaptive link policy against every fixed codec, over a link that changes mid-run.
 
-    sudo python bench/adaptive.py                        # 5 codecs x 4 seeds, ~60 min
+    sudo python bench/adaptive.py                        # 5 codecs x 4 seeds, ~65 min
     sudo python bench/adaptive.py --codecs fp16,topk,ecsgd,auto:table --seeds 0,1,2,3,4,5
     sudo python bench/adaptive.py --exchange delta       # the federation's default
     sudo python bench/adaptive.py --codecs topk,auto:table --set-policy 'heavy = "topk"'
