@@ -25,11 +25,12 @@ keeps each round's checkpoint, checks the latest every ``--eval-every-s`` and st
 once a 10-round mean is under ``--target-loss`` (or after ``--max-s``): when the mean of
 its last 3 checks is, it evaluates every kept round from where the checks came within
 0.1 of the target. It reports the first round whose 10-round mean is at or under the
-target, the time to that round's close, and the bytes both ways until then. Without the mean, the first round
-that dipped under the target decided: near 2.3 the curve falls ~0.002 a round and moves
-a few hundredths from round to round (momentum SGD's noise in the weights; the held-out
-batches are fixed), so one dip moved a run's rounds-to-target by tens of rounds. The
-agents' training loss is not used: one small batch per step, noisier still.
+target, the time to that round's close, and the bytes both ways until then. Without the
+mean, the first round that dipped under the target decided: near 2.3 the curve falls
+~0.002 a round and moves a few hundredths from round to round (momentum SGD's noise in
+the weights; the held-out batches are fixed), so one dip moved a run's rounds-to-target
+by tens of rounds. The agents' training loss is not used: one small batch per step,
+noisier still.
 
 Each codec runs every seed (initial weights and data order); the table gives mean and
 standard deviation over seeds of the time to target, its exchange part (round time less
@@ -165,14 +166,14 @@ class Evaluator:
     def smoothed(self, snaps: Snapshots, round_: int) -> float:
         """Mean held-out loss of the snapshots of the last ``SMOOTH_ROUNDS`` rounds up to
         ``round_``: what the weights are worth, less one step's noise."""
-        window = [r for r in sorted(snaps.weights) if round_ - SMOOTH_ROUNDS < r <= round_]
+        window = [r for r in list(snaps.weights) if round_ - SMOOTH_ROUNDS < r <= round_]
         return statistics.mean(self(snaps, r) for r in window)
 
     def first_below(self, snaps: Snapshots, target: float) -> int | None:
         """The first snapshot round whose smoothed loss is at or under ``target``.
 
         Scanned from where the run's checks first came within ``SCAN_MARGIN`` of the
-        target (every snapshot from there is evaluated, after the run), not from round 0:
+        target (every snapshot from there is evaluated, each once), not from round 0:
         the smoothed loss cannot be under the target ``SMOOTH_ROUNDS`` rounds before the
         checks, ~10 rounds apart, were all ``SCAN_MARGIN`` above it, given the curve's
         round-to-round noise (a few hundredths)."""

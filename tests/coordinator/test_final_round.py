@@ -16,7 +16,7 @@ from skyfed.proto.serde import specs_to_proto
 from .test_bad_input import contribution, deltas, join, model_and_spec, send
 
 
-def finish_one_round(running, agent) -> None:
+def finish_one_round(agent) -> None:
     join(agent, "aws", "aws-1")
     send(agent, *contribution(deltas(1)))
     assert agent.expect("receipt").receipt.accepted
@@ -26,7 +26,7 @@ def finish_one_round(running, agent) -> None:
 def test_the_coordinator_serves_on_until_its_agents_close_after_the_last_round(serve, raw_agent):
     running = serve(rounds=1, final_wait_s=30)
     agent = raw_agent(running.port, "aws-1")
-    finish_one_round(running, agent)
+    finish_one_round(agent)
     time.sleep(1.0)
     # The final round may still be on its way over a slow link: the stream stays open.
     assert running.driver.is_alive()
@@ -39,7 +39,7 @@ def test_the_coordinator_serves_on_until_its_agents_close_after_the_last_round(s
 def test_an_agent_that_never_closes_is_let_go_after_final_wait_s(serve, raw_agent):
     running = serve(rounds=1, final_wait_s=0.5)
     agent = raw_agent(running.port, "aws-1")
-    finish_one_round(running, agent)
+    finish_one_round(agent)
     code, _ = agent.ended(timeout=5)
     assert code == grpc.StatusCode.OK
     running.driver.join(timeout=5)
@@ -48,7 +48,7 @@ def test_an_agent_that_never_closes_is_let_go_after_final_wait_s(serve, raw_agen
 
 def test_an_agent_joining_after_the_last_round_gets_the_final_weights(serve, raw_agent):
     running = serve(rounds=1, final_wait_s=30)
-    finish_one_round(running, raw_agent(running.port, "aws-1"))  # keeps the coordinator up
+    finish_one_round(raw_agent(running.port, "aws-1"))  # keeps the coordinator up
     late = raw_agent(running.port, "gcp-1")
     _, spec = model_and_spec()
     # It claims to be current: it must still get the weights, or it would wait for a round
@@ -75,7 +75,7 @@ def test_an_agent_process_that_missed_the_last_round_takes_the_final_weights_and
     serve, raw_agent, reaped, pki, tmp_path
 ):
     running = serve(rounds=1, final_wait_s=60)
-    finish_one_round(running, raw_agent(running.port, "aws-1"))  # keeps the coordinator up
+    finish_one_round(raw_agent(running.port, "aws-1"))  # keeps the coordinator up
     report = tmp_path / "gcp.json"
     flags = ("--cloud", "gcp", "--coordinator", f"localhost:{running.port}")
     flags += ("--certs", str(pki.directory), "--report", str(report))
