@@ -409,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="copy each run's status and logs here")
     args = parser.parse_args(argv)
     tear_down_on_signals()  # Ctrl-C or kill ends the bench, not just the run in progress
+    # One thread for this process's evaluations: they share 2 cores with the lab's
+    # coordinator and agents, and two threads spinning against them made the scan for the
+    # crossing (~90 snapshots) take ~100 s after each run's target.
+    torch.set_num_threads(1)
     for key, value in DEFAULTS[args.exchange].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
