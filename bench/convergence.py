@@ -2,6 +2,8 @@
 
     python bench/convergence.py                          # default (~5 min on 2 cores)
     python bench/convergence.py --rounds 150 --seeds 0,1,2,3,4 --jobs 2   # the fair run
+    python bench/convergence.py --exchange gradient --sites 2 --rounds 170 --only "fp16,topk 1% +" \
+        --switch fp16:50,topk --switch topk:50,fp16                      # a policy's switches
 
 It mirrors the federation. Each of N simulated sites starts a round from the shared
 weights, takes ``--local-steps`` AdamW steps (its optimizer state persists, as an agent's
@@ -20,6 +22,10 @@ policy does under that exchange (``PolicyConfig.for_gradient_exchange``).
 ``--exchange gradient-adamw`` sends raw gradients every step and applies AdamW after
 aggregation instead (data-parallel AdamW), for comparison. A run that diverges (EC-SGD
 refuses non-finite input) shows as ``diverged``.
+
+``--switch "fp16:50,topk"`` adds a run whose codec changes at the named rounds (FP16 for
+50, then Top-k; repeatable), each codec with the coordinator's ``[policy]`` defaults for
+the exchange: what a link policy's switches cost in convergence, without the lab's clock.
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
 relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
@@ -70,9 +76,26 @@ RUNS = [
 ]
 
 
+def switching(label: str, gradient: bool) -> CodecAt:
+    """A ``--switch`` run: ``"fp16:50,topk:80,fp16"`` is FP16 for rounds 0-49, Top-k for
+    the next 80, then FP16, each codec with the coordinator's ``[policy]`` defaults for
+    the exchange, as a link policy switching at those rounds would run them."""
+    policy = PolicyConfig().for_gradient_exchange() if gradient else PolicyConfig()
+    steps: list[tuple[int, Codec]] = []  # (first round after this step, codec)
+    end = 0
+    for part in label.split(","):
+        name, _, rounds = part.partition(":")
+        end = end + int(rounds) if rounds else 2**62  # the last step lasts
+        seed = {"seed": 0} if name == "ecsgd" else {}  # reproducible rounding, as above
+        steps.append((end, make_codec(name, **policy.codec_params(name), **seed)))
+    return lambda t: next(codec for until, codec in steps if t < until)
+
+
 def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
     """The codec schedule behind a run's label, with the coordinator's ``[policy]``
     defaults for the exchange (``gradient``: ``--exchange gradient``)."""
+    if ":" in label:
+        return switching(label, gradient)
     policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
     if gradient:
         policy = policy.for_gradient_exchange()
@@ -183,7 +206,7 @@ def _train(label: str, seed: int, cfg: Config) -> float:
     torch.manual_seed(seed)
     task = load_task("chargpt")
     model = task.build_model(seed)
-    run = next(r for r in RUNS if r.label == label)
+    run = next((r for r in RUNS if r.label == label), Run(label))  # or a --switch run
     schedule = codec_at(label, cfg.warmup_rounds, gradient=cfg.sgd_lr > 0)
     sites = [Site(task, model, shard, cfg.sites, seed, cfg.sgd_lr) for shard in range(cfg.sites)]
     exchange = Exchange(cfg.sites, run.feedback)
@@ -241,16 +264,28 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="density warm-up rounds")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--only", default="", help="comma-separated label prefixes (and fp32)")
+    parser.add_argument(
+        "--switch",
+        action="append",
+        default=[],
+        metavar="SCHEDULE",
+        help='a run whose codec changes, e.g. "fp16:50,topk" (50 rounds fp16, then topk)',
+    )
     args = parser.parse_args()
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
     warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
     sgd_lr = args.sgd_lr if args.exchange == "gradient" else 0.0
     cfg = Config(args.rounds, args.sites, local_steps, warmup, sgd_lr)
+    for schedule in args.switch:
+        try:
+            switching(schedule, gradient=bool(sgd_lr))
+        except ValueError as e:
+            parser.error(f"--switch {schedule!r}: {e}")
     seeds = [int(s) for s in args.seeds.split(",")]
     picks = [s.strip() for s in args.only.split(",") if s.strip()]
     selected = [
         r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
-    ]
+    ] + [Run(schedule) for schedule in args.switch]
     mode = f"{local_steps} local AdamW steps per round" if local_steps else "AdamW on gradients"
     if sgd_lr:
         mode = f"gradient exchange, momentum SGD at {sgd_lr:g} with DGC's momentum correction"

@@ -9,7 +9,7 @@ and applies its choice at the next round boundary.
   loss -> ``heavy`` (ecsgd). A boundary at ``T`` is crossed upwards above ``T (1 + h)`` and
   downwards below ``T (1 - h)``, so a link whose RTT wanders around ``T`` stays put.
 - ``cost`` mode: predict each codec's round time on the link,
-  ``t = train + rtt + 2 * bytes / goodput + encode + decode`` (goodput rescaled to the
+  ``t = train + rtt + 2 * (bytes / goodput + encode + decode)`` (goodput rescaled to the
   current RTT, :func:`predict_exchange_s`), from the agent's measured
   local training time, measured link figures and each codec's measured
   :class:`CodecProfile`; take the least-compressing codec within ``cost_tie_pct`` of the
@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
+from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
-from skyfed.compression.registry import codec_names, make_codec
+from skyfed.compression.registry import codec_names, decode_payload, make_codec
 from skyfed.compression.schedule import DensityWarmup
 
 MODES = ("table", "cost")
@@ -197,7 +198,8 @@ def table_level(stats: LinkStats, config: PolicyConfig, current: int) -> int:
 
 
 def predict_exchange_s(profile: CodecProfile, stats: LinkStats) -> float:
-    """One round's exchange on this link: a round trip, the payload both ways, the codec.
+    """One round's exchange on this link: a round trip, the payload both ways, the codec
+    both ways (the agent encodes and the coordinator decodes, then the other way round).
 
     Goodput is rescaled from the RTT it was measured at to the current one (window-limited
     TCP moves a window per round trip): when a link's RTT jumps, the codec in use (Top-k:
@@ -207,7 +209,7 @@ def predict_exchange_s(profile: CodecProfile, stats: LinkStats) -> float:
     if stats.goodput_rtt_ms > 0 and stats.rtt_ms > 0:  # both measured (nan compares False)
         rate_bit_s *= stats.goodput_rtt_ms / stats.rtt_ms
     transfer_s = 2 * profile.payload_bytes * 8 / rate_bit_s
-    return stats.rtt_ms / 1000 + transfer_s + profile.encode_s + profile.decode_s
+    return stats.rtt_ms / 1000 + transfer_s + 2 * (profile.encode_s + profile.decode_s)
 
 
 def cost_choice(
@@ -293,22 +295,34 @@ def _order(config: PolicyConfig, profiles: dict[str, CodecProfile] | None) -> li
 
 
 def profile_codecs(
-    names: list[str], config: PolicyConfig, numel: int, *, repeats: int = 2
+    names: list[str], config: PolicyConfig, sizes: list[int], *, repeats: int = 3
 ) -> dict[str, CodecProfile]:
-    """Measure each codec on a gradient-like tensor of ``numel`` elements (best of repeats)."""
-    g = torch.randn(numel, generator=torch.Generator().manual_seed(0)) * 1e-3
+    """Measure each codec as a link runs it (best of ``repeats``): gradient-like tensors
+    of the model's ``sizes`` (elements per tensor) through error feedback, planned
+    together, then every payload decoded.
+
+    One flat tensor of the model's size timed Top-k at a few ms where the lab's near
+    rounds measured it ~45 ms slower than FP16's (README, Figures): the per-tensor work
+    (the plan, one payload per tensor, the residual) is most of a small model's codec
+    time, and a flat tensor has none of it.
+    """
+    generator = torch.Generator().manual_seed(0)
+    tensors = {str(i): torch.randn(n, generator=generator) * 1e-3 for i, n in enumerate(sizes)}
+    raw_bytes = 4 * sum(sizes)
     out = {}
     for name in names:
         codec = make_codec(name, **config.codec_params(name))
-        enc, dec, payload = math.inf, math.inf, b""
+        enc, dec, payload_bytes = math.inf, math.inf, 0
         for _ in range(repeats):
             t0 = time.perf_counter()
-            payload = codec.encode(g)
+            sent = ErrorFeedback().encode_all(codec, tensors)
             t1 = time.perf_counter()
-            codec.decode(payload)
+            for payload, _ in sent.values():
+                decode_payload(payload)
             t2 = time.perf_counter()
             enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
-        out[name] = CodecProfile(name, numel * 4 / len(payload), enc, dec, len(payload))
+            payload_bytes = sum(len(payload) for payload, _ in sent.values())
+        out[name] = CodecProfile(name, raw_bytes / payload_bytes, enc, dec, payload_bytes)
     return out
 
 

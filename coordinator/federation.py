@@ -94,8 +94,9 @@ class Federation:
         self.round_open = False
         self._first_round = True
         self.max_payload = [t.numel * 4 + 4096 for t in self.spec]
-        numel = sum(t.numel for t in self.spec)
-        self.links = Links(config.codec, config.policy, config.monitor, numel)
+        self.links = Links(
+            config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
+        )
         self._resume()
         self.weights_digest = weights_digest(self.weights)
 

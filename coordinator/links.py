@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import replace
 
 from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig
 from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
@@ -97,13 +98,14 @@ class LinkState:
 class Links:
     """The links of all agents, by identity (a reconnecting agent keeps its link's history)."""
 
-    def __init__(self, codec: str, policy: PolicyConfig, monitor: MonitorConfig, numel: int):
+    def __init__(self, codec: str, policy: PolicyConfig, monitor: MonitorConfig, sizes: list[int]):
+        """``sizes``: the model's tensors, in elements (the cost policy times its codecs
+        on them)."""
         self.fixed = None if codec == AUTO else codec
         self.policy, self.monitor = policy, monitor
         self.profiles: dict[str, CodecProfile] | None = None
         if self.fixed is None and policy.mode == "cost":
-            numel = max(1, min(numel, PROFILE_MAX_NUMEL))
-            self.profiles = profile_codecs(list(dict.fromkeys(policy.ladder)), policy, numel)
+            self.profiles = _profiles(policy, sizes)
             for p in self.profiles.values():
                 log.info(
                     "[Coordinator.Codec] profile codec=%s ratio=%.1f encode_ms=%.2f decode_ms=%.2f",
@@ -174,6 +176,27 @@ class Links:
             stats.loss_pct,
             stats.goodput_mbit,
         )
+
+
+def _profiles(policy: PolicyConfig, sizes: list[int]) -> dict[str, CodecProfile]:
+    """The ladder's codecs timed on the model's first tensors up to ``PROFILE_MAX_NUMEL``
+    elements, scaled to the whole model (a large model would hold the start up)."""
+    taken, total = [], sum(sizes)
+    for n in sizes:
+        if taken and sum(taken) + n > PROFILE_MAX_NUMEL:
+            break
+        taken.append(min(n, PROFILE_MAX_NUMEL))
+    scale = total / sum(taken) if taken else 1.0
+    measured = profile_codecs(list(dict.fromkeys(policy.ladder)), policy, taken or [1])
+    return {
+        name: replace(
+            p,
+            encode_s=p.encode_s * scale,
+            decode_s=p.decode_s * scale,
+            payload_bytes=round(p.payload_bytes * scale),
+        )
+        for name, p in measured.items()
+    }
 
 
 def publish(session: Session, stats: LinkStats) -> None:

@@ -1,0 +1,33 @@
+"""``bench/convergence.py --switch``: a codec schedule runs the codecs a link policy would."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "convergence.py"
+
+
+@pytest.fixture(scope="module")
+def convergence():
+    spec = importlib.util.spec_from_file_location("bench_convergence", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_switch_schedule_changes_codec_at_the_named_rounds(convergence):
+    codec_at = convergence.codec_at("fp16:2,topk:3,fp16", warmup_rounds=0, gradient=True)
+    names = [codec_at(t).name for t in range(8)]
+    assert names == ["fp16", "fp16", "topk", "topk", "topk", "fp16", "fp16", "fp16"]
+    assert codec_at(2).density == 0.01  # the policy's Top-k, not the 0.1 % table row
+
+
+def test_switch_schedule_uses_the_gradient_exchange_ecsgd_clip(convergence):
+    gradient = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=True)
+    delta = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=False)
+    assert gradient(1).clip == 4.0 and delta(1).clip != 4.0
