@@ -3,8 +3,7 @@
     sudo python bench/adaptive.py                        # 5 codecs x 4 seeds, ~40 min
     sudo python bench/adaptive.py --codecs fp16,topk,ecsgd,auto:table --seeds 0,1,2,3,4,5
     sudo python bench/adaptive.py --exchange delta       # the federation's default
-    sudo python bench/adaptive.py --codecs topk,auto:table --seeds 0,1,2,3,4,5,6,7,8,9
-    sudo python bench/adaptive.py --set-policy 'heavy = "ecsgd"'   # the far codec
+    sudo python bench/adaptive.py --codecs topk,auto:table --set-policy 'heavy = "topk"'
 
 Each run builds a fresh network lab (root, network namespaces): a coordinator and two
 agents, ``aws-1`` on a steady ``lan`` link and ``gcp-1`` on a link that is near (10 ms,

@@ -301,7 +301,7 @@ def profile_codecs(
     of the model's ``sizes`` (elements per tensor) through error feedback, planned
     together, then every payload decoded.
 
-    One flat tensor of the model's size timed Top-k at a few ms where the lab's near
+    One flat tensor of the model's size timed Top-k at 1.8 ms where the lab's near
     rounds measured it ~45 ms slower than FP16's (README, Figures): the per-tensor work
     (the plan, one payload per tensor, the residual) is most of a small model's codec
     time, and a flat tensor has none of it.
