@@ -2,7 +2,7 @@
 
     python bench/convergence.py                          # default (~5 min on 2 cores)
     python bench/convergence.py --rounds 150 --seeds 0,1,2,3,4 --jobs 2   # the fair run
-    python bench/convergence.py --exchange gradient --sites 2 --rounds 170 --only "fp16,topk 1% +" \
+    python bench/convergence.py --exchange gradient --sites 2 --rounds 170 --only "fp16,topk 1% +" \\
         --switch fp16:50,topk --switch topk:50,fp16                      # a policy's switches
 
 It mirrors the federation. Each of N simulated sites starts a round from the shared
@@ -83,8 +83,13 @@ def switching(label: str, gradient: bool) -> CodecAt:
     policy = PolicyConfig().for_gradient_exchange() if gradient else PolicyConfig()
     steps: list[tuple[int, Codec]] = []  # (first round after this step, codec)
     end = 0
-    for part in label.split(","):
+    parts = label.split(",")
+    for i, part in enumerate(parts):
         name, _, rounds = part.partition(":")
+        if not rounds and i < len(parts) - 1:
+            raise ValueError(f"{part!r}: only the last codec may run without a round count")
+        if rounds and int(rounds) <= 0:
+            raise ValueError(f"{part!r}: a codec runs for at least one round")
         end = end + int(rounds) if rounds else 2**62  # the last step lasts
         seed = {"seed": 0} if name == "ecsgd" else {}  # reproducible rounding, as above
         steps.append((end, make_codec(name, **policy.codec_params(name), **seed)))

@@ -181,12 +181,14 @@ class Links:
 def _profiles(policy: PolicyConfig, sizes: list[int]) -> dict[str, CodecProfile]:
     """The ladder's codecs timed on the model's first tensors up to ``PROFILE_MAX_NUMEL``
     elements, scaled to the whole model (a large model would hold the start up)."""
-    taken, total = [], sum(sizes)
+    taken: list[int] = []
+    count = 0
     for n in sizes:
-        if taken and sum(taken) + n > PROFILE_MAX_NUMEL:
+        if taken and count + n > PROFILE_MAX_NUMEL:
             break
         taken.append(min(n, PROFILE_MAX_NUMEL))
-    scale = total / sum(taken) if taken else 1.0
+        count += taken[-1]
+    scale = sum(sizes) / count if count else 1.0
     measured = profile_codecs(list(dict.fromkeys(policy.ladder)), policy, taken or [1])
     return {
         name: replace(

@@ -31,3 +31,12 @@ def test_switch_schedule_uses_the_gradient_exchange_ecsgd_clip(convergence):
     gradient = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=True)
     delta = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=False)
     assert gradient(1).clip == 4.0 and delta(1).clip != 4.0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "reason"),
+    [("fp16,topk", "only the last codec"), ("fp16:0,topk", "at least one round"), ("zip:3", "zip")],
+)
+def test_a_bad_switch_schedule_is_refused_with_the_reason(convergence, schedule, reason):
+    with pytest.raises(ValueError, match=reason):
+        convergence.switching(schedule, gradient=True)
