@@ -99,7 +99,7 @@ def switching(label: str, gradient: bool) -> CodecAt:
 def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
     """The codec schedule behind a run's label, with the coordinator's ``[policy]``
     defaults for the exchange (``gradient``: ``--exchange gradient``)."""
-    if ":" in label:
+    if all(r.label != label for r in RUNS):  # a --switch schedule, even of one codec
         return switching(label, gradient)
     policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
     if gradient:

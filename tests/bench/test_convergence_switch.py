@@ -25,6 +25,8 @@ def test_switch_schedule_changes_codec_at_the_named_rounds(convergence):
     names = [codec_at(t).name for t in range(8)]
     assert names == ["fp16", "fp16", "topk", "topk", "topk", "fp16", "fp16", "fp16"]
     assert codec_at(2).density == 0.01  # the policy's Top-k, not the 0.1 % table row
+    one = convergence.codec_at("topk", warmup_rounds=0, gradient=True)  # no switch at all
+    assert [one(t).name for t in (0, 500)] == ["topk", "topk"]
 
 
 def test_switch_schedule_uses_the_gradient_exchange_ecsgd_clip(convergence):
