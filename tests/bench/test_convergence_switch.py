@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from skyfed.compression.policy import GRADIENT_ECSGD_CLIP
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "convergence.py"
 
 
@@ -32,7 +34,7 @@ def test_switch_schedule_changes_codec_at_the_named_rounds(convergence):
 def test_switch_schedule_uses_the_gradient_exchange_ecsgd_clip(convergence):
     gradient = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=True)
     delta = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=False)
-    assert gradient(1).clip == 4.0 and delta(1).clip != 4.0
+    assert gradient(1).clip == GRADIENT_ECSGD_CLIP and delta(1).clip != GRADIENT_ECSGD_CLIP
 
 
 @pytest.mark.parametrize(
