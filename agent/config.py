@@ -28,7 +28,8 @@ class AgentConfig:
     task: str = "chargpt"
     """Task to train (``chargpt`` or ``module:factory``); must be the federation's."""
     seed: int = 0
-    """Seed of the initial weights (must match the coordinator's) and of the data order."""
+    """Seed of the initial weights (must match the coordinator's), of the data order and,
+    with ``name``, of the uplink's stochastic rounding (EC-SGD)."""
     shard: int = 0
     """Which shard of the task's data this site trains on."""
     num_shards: int = 1

@@ -39,7 +39,7 @@ def run(config: AgentConfig, log_level: str | None = None) -> int:
     """Train until the federation is done; the exit code for ``agent start``."""
     if not needs_ranks(config):
         torch.set_num_threads(config.threads)
-        return lead(config, Site(_trainer(config)))
+        return lead(config, Site(_trainer(config), sender=config.name))
     device_type = resolve_device(config)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     store, procs = start_ranks(config, device_type, log_level)
@@ -83,7 +83,7 @@ def rank_main(spec: RankSpec) -> None:
     torch.set_num_threads(config.threads)
     store = dist.TCPStore(STORE_HOST, spec.store_port, is_master=False)
     group, mesh, device = init_ranks(rank, config.tp, spec.device_type, store)
-    site = Site(_trainer(config, mesh=mesh, device=device), group)
+    site = Site(_trainer(config, mesh=mesh, device=device), group, sender=config.name)
     if rank == 0:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
         code = lead(config, site)

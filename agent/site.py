@@ -17,7 +17,7 @@ import torch
 
 from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.agent.uplink import Uplink
-from skyfed.compression import decode_payload
+from skyfed.compression import decode_payload, rounding_seed
 from skyfed.compression.spec import codec_from_spec
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto.chunks import Payload
@@ -54,9 +54,13 @@ class Solo:
 class Site:
     """What the daemon trains with: the model (maybe sharded), its uplink, its ranks."""
 
-    def __init__(self, trainer: LocalTrainer, group: RankGroup | None = None) -> None:
+    def __init__(
+        self, trainer: LocalTrainer, group: RankGroup | None = None, *, sender: str = ""
+    ) -> None:
         self.trainer = trainer
         self.group = group or Solo()
+        self.sender = sender
+        """The agent's name: with the trainer's seed, it seeds stochastic rounding."""
         self.uplink = Uplink(trainer.spec, trainer.shards)
         self._result: LocalResult | None = None
 
@@ -129,7 +133,8 @@ class Site:
         self.trainer.set_exchange(exchange, lr, momentum)
 
     def _contribution(self, round: int, codec: str) -> list[Payload]:
-        built = codec_from_spec(codec)  # the coordinator's name, maybe with parameters
+        seed = rounding_seed(self.trainer.seed, self.sender, round, self.trainer.rank)
+        built = codec_from_spec(codec, seed)  # the coordinator's name, maybe with parameters
         mine = self.uplink.encode(round, built, self._take_delta())
         self.trainer.sent(self.uplink.sent(round), built)
         gathered = self.group.gather(mine)

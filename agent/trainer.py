@@ -64,6 +64,7 @@ class LocalTrainer:
         device: torch.device | None = None,
     ) -> None:
         self.task = task
+        self.seed = seed
         self.device = device or torch.device("cpu")
         model = task.build_model(seed)
         named = list(model.named_parameters())

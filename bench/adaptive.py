@@ -41,8 +41,8 @@ verdict line says whether ``auto`` beats every fixed codec on mean time, and whe
 more than twice the standard error of its per-seed difference from each (seeds pair
 runs: the same data order and initial weights); the lines under it give those
 differences. Wall time depends on the host's load (the agents train on the same cores);
-EC-SGD's rounding is seeded from the OS; an adaptive run switches at a wall-clock
-moment. Each run's held-out loss by round goes to stderr.
+a fixed codec's run repeats its rounds (EC-SGD's rounding is seeded per sender and round
+from the seed), but an adaptive run switches at a wall-clock moment. Each run's held-out loss by round goes to stderr.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ def switching(label: str, gradient: bool) -> CodecAt:
         if rounds and int(rounds) <= 0:
             raise ValueError(f"{part!r}: a codec runs for at least one round")
         end = end + int(rounds) if rounds else 2**62  # the last step lasts
-        seed = {"seed": 0} if name == "ecsgd" else {}  # reproducible rounding, as in codec_at
-        steps.append((end, make_codec(name, **policy.codec_params(name), **seed)))
+        # seed: reproducible rounding for a stochastic codec (EC-SGD), as in codec_at
+        steps.append((end, make_codec(name, seed=0, **policy.codec_params(name))))
     return lambda t: next(codec for until, codec in steps if t < until)
 
 

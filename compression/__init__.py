@@ -2,7 +2,13 @@
 
 from skyfed.compression.base import Codec, PayloadError
 from skyfed.compression.feedback import ErrorFeedback
-from skyfed.compression.registry import codec_names, decode_payload, make_codec, payload_codec
+from skyfed.compression.registry import (
+    codec_names,
+    decode_payload,
+    make_codec,
+    payload_codec,
+    rounding_seed,
+)
 
 __all__ = [
     "Codec",
@@ -12,4 +18,5 @@ __all__ = [
     "decode_payload",
     "make_codec",
     "payload_codec",
+    "rounding_seed",
 ]

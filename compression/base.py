@@ -29,6 +29,8 @@ class Codec(ABC):
     # once: error feedback gives it at most the update's norm of it per round
     # (:func:`~skyfed.compression.feedback.released`).
     bounded_release: ClassVar[bool] = False
+    # Rounds at random: takes a ``seed`` for its rounding (:func:`make_codec`'s ``seed``).
+    stochastic: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: torch.Tensor) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -45,14 +46,21 @@ class EcSgd(Codec):
       ``s = mean|p_B|``, ``D(q) = s sign(p)``; biased, which the error feedback corrects.
 
     The sender keeps ``e' = p - D(q)`` (ECQ-SGD with its decay at 1). Wire cost per
-    element: ``bits + 32 / B`` bits. ``seed`` makes the rounding reproducible.
+    element: ``bits + 32 / B`` bits. ``seed`` (an int or a sequence of non-negative ints, as
+    numpy's ``SeedSequence`` takes them) makes the rounding reproducible; ``None`` draws
+    it from the OS.
     """
 
     name = "ecsgd"
     wire_id = 4
+    stochastic = True
 
     def __init__(
-        self, bits: int = 2, block: int = 1024, clip: float | None = None, seed: int | None = None
+        self,
+        bits: int = 2,
+        block: int = 1024,
+        clip: float | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> None:
         if bits not in _BITS:
             raise ValueError(f"bits must be one of {_BITS}, got {bits!r}")

@@ -7,6 +7,7 @@ the parameters; sending them with the codec keeps both ends of a link on the sam
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from skyfed.compression.base import Codec
@@ -40,10 +41,13 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def codec_from_spec(spec: str) -> Codec:
-    """The codec a spec names, built with its parameters; ``ValueError`` if it cannot be."""
+def codec_from_spec(spec: str, seed: Sequence[int] | None = None) -> Codec:
+    """The codec a spec names, built with its parameters (and ``seed`` for its rounding,
+    if it rounds at random); ``ValueError`` if it cannot be."""
     name, params = parse_spec(spec)
+    if "seed" in params:
+        raise ValueError(f"codec spec {spec!r}: the sender seeds its own rounding")
     try:
-        return make_codec(name, **params)
+        return make_codec(name, seed=seed, **params)
     except TypeError as exc:
         raise ValueError(f"codec spec {spec!r}: {exc}") from None

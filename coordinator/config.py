@@ -32,7 +32,7 @@ class CoordinatorConfig:
     task: str = "chargpt"
     """Task whose model the federation trains (``chargpt`` or ``module:factory``)."""
     seed: int = 0
-    """Seed of the initial weights."""
+    """Seed of the initial weights and of the downlink's stochastic rounding (EC-SGD)."""
     min_agents: int = 1
     """Agents that must be connected before round 0 opens."""
     quorum: int = 1

@@ -23,7 +23,7 @@ import grpc
 import torch
 from google.protobuf import json_format
 
-from skyfed.compression import make_codec
+from skyfed.compression import make_codec, rounding_seed
 from skyfed.compression.feedback import released
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.aggregate import Contribution, RoundAggregate
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 # link uses this round, so the single broadcast payload suits the worst link.
 CODEC_WEIGHT = {"fp32": 0, "bf16": 1, "fp16": 2, "topk": 3, "ecsgd": 4}
 HISTORY = 1000
+# Who sends the downlink, for its rounding seed: not an agent name (those are <cloud>-<n>).
+DOWNLINK_SENDER = "coordinator"
 
 
 @dataclass(slots=True)
@@ -422,7 +424,8 @@ class Federation:
     ) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
         params = self.config.policy.codec_params(codec_name, self.round)
-        codec = make_codec(codec_name, **params).for_downlink(contributors)
+        seed = rounding_seed(self.config.seed, DOWNLINK_SENDER, self.round)
+        codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)
         if codec.lossless and self.residual is None:  # nothing held, nothing to hold
             for w, u in zip(self.weights, update, strict=True):
                 w.sub_(u)

@@ -10,7 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skyfed.compression import codec_names, decode_payload, frame, make_codec, payload_codec
+from skyfed.compression import (
+    codec_names,
+    decode_payload,
+    frame,
+    make_codec,
+    payload_codec,
+    rounding_seed,
+)
 from skyfed.compression.fp import Fp16
 
 CODECS = [
@@ -137,6 +144,20 @@ def test_ecsgd_seed_makes_encoding_reproducible() -> None:
     a = make_codec("ecsgd", bits=2, seed=11).encode(x)
     b = make_codec("ecsgd", bits=2, seed=11).encode(x)
     assert a == b
+
+
+def test_ecsgd_rounding_differs_between_senders_ranks_and_rounds() -> None:
+    """Alike dither would round every sender's errors alike: they would not average out."""
+    x = _tensor((5000,), 1.0, 4)
+    seeds = [
+        rounding_seed(0, "aws-1", 3),
+        rounding_seed(0, "gcp-1", 3),
+        rounding_seed(0, "aws-1", 3, rank=1),
+        rounding_seed(0, "aws-1", 4),
+        rounding_seed(1, "aws-1", 3),
+    ]
+    payloads = {make_codec("ecsgd", bits=2, seed=s).encode(x) for s in seeds}
+    assert len(payloads) == len(seeds)
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,23 @@ def test_gradient_exchange_with_topk_trains_and_ends_bit_identical(reaped, work)
     assert_identical(work, status, 12)
 
 
+def test_an_ecsgd_run_repeats_bit_for_bit_from_its_seed(reaped, work):
+    """EC-SGD rounds at random; each sender seeds its rounding per round from the
+    federation's seed and its name, so a rerun of a seed ends on the same weights."""
+    digests = []
+    for run in ("first", "again"):
+        (work / run).mkdir()
+        (work / run / "certs").symlink_to(work / "certs")
+        port = start_coordinator(reaped, work / run, rounds=5, **{"--codec": "ecsgd"})
+        for i, cloud in enumerate(CLOUDS):
+            start_agent(reaped, work / run, port, cloud, i)
+        status = finish(reaped, work / run)
+        assert {r["codec"] for r in (report(work / run, c) for c in CLOUDS)} == {"ecsgd"}
+        assert_identical(work / run, status, 5)
+        digests.append(status["weightsDigest"])
+    assert digests[0] == digests[1]
+
+
 def test_killed_agent_restarts_rejoins_and_ends_identical(reaped, work):
     # Slow enough rounds (4 local steps) that the others are still training when gcp is back.
     rounds = 30
