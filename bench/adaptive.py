@@ -17,8 +17,9 @@ setting: one momentum-SGD step per round, ``--local-steps 1``), the exchange in 
 the codecs trade off on this task: on 2 CPU cores an FP16 round is the fastest on the
 near link and the slowest on the far one (README, Figures, has the per-round times).
 Under ``--exchange delta`` (4 local AdamW steps, target 2.0) they trade off too: FP16
-has the fastest near rounds and, with EC-SGD, needs the fewest rounds; Top-k and EC-SGD
-are the fast ones on the far link (README, Figures).
+has the fastest near rounds, Top-k and EC-SGD are the fast ones on the far link, and
+Top-k needs about as many rounds on every seed where FP16's and EC-SGD's rounds move with
+the seed, fewer on some and more on others (README, Figures).
 
 The target is the **held-out** loss (``task.eval_loss``) of the coordinator's weights,
 which it checkpoints after every round, **averaged over the last 10 rounds**: the bench
