@@ -18,8 +18,8 @@ the codecs trade off on this task: on 2 CPU cores an FP16 round is the fastest o
 near link and the slowest on the far one (README, Figures, has the per-round times).
 Under ``--exchange delta`` (4 local AdamW steps, target 2.0) they trade off too: FP16
 has the fastest near rounds, Top-k and EC-SGD are the fast ones on the far link, and
-Top-k needs about as many rounds on every seed where FP16's and EC-SGD's rounds move with
-the seed, fewer on some and more on others (README, Figures).
+Top-k needs about the same rounds on every seed, while FP16's and EC-SGD's move with the
+seed, fewer than Top-k's on some and more on others (README, Figures).
 
 The target is the **held-out** loss (``task.eval_loss``) of the coordinator's weights,
 which it checkpoints after every round, **averaged over the last 10 rounds**: the bench
@@ -43,7 +43,8 @@ more than twice the standard error of its per-seed difference from each (seeds p
 runs: the same data order and initial weights); the lines under it give those
 differences. Wall time depends on the host's load (the agents train on the same cores);
 a fixed codec's run repeats its rounds (EC-SGD's rounding is seeded per sender and round
-from the seed), but an adaptive run switches at a wall-clock moment. Each run's held-out loss by round goes to stderr.
+from the seed), but an adaptive run switches at a wall-clock moment. Each run's held-out
+loss by round goes to stderr.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def codec_from_spec(spec: str, seed: Sequence[int] | None = None) -> Codec:
+def codec_from_spec(spec: str, seed: int | Sequence[int] | None = None) -> Codec:
     """The codec a spec names, built with its parameters (and ``seed`` for its rounding,
     if it rounds at random); ``ValueError`` if it cannot be."""
     name, params = parse_spec(spec)

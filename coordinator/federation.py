@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 # link uses this round, so the single broadcast payload suits the worst link.
 CODEC_WEIGHT = {"fp32": 0, "bf16": 1, "fp16": 2, "topk": 3, "ecsgd": 4}
 HISTORY = 1000
-# Who sends the downlink, for its rounding seed: not an agent name (those are <cloud>-<n>).
+# Who sends the downlink, for its rounding seed (agent names default to <cloud>-<n>).
 DOWNLINK_SENDER = "coordinator"
 
 
