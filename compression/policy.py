@@ -80,9 +80,11 @@ class PolicyConfig:
     topk_warmup_rounds: int = 0
     """Top-k: rounds over which the density falls geometrically from
     ``topk_warmup_start`` to ``topk_density`` (Deep Gradient Compression's warm-up; 0:
-    none)."""
+    none), counted from the round a link starts on Top-k: when it joins on it, or when
+    the policy switches it there (the downlink: when the heaviest link's codec becomes
+    Top-k). The residual is empty at each of those points, not only at round 0."""
     topk_warmup_start: float = 0.25
-    """Top-k: the density at round 0 when warming up."""
+    """Top-k: the density in a link's first Top-k round when warming up."""
     ecsgd_bits: int = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
     ecsgd_clip: float | None = None
@@ -134,8 +136,8 @@ class PolicyConfig:
         return (self.light, self.medium, self.heavy)
 
     def codec_params(self, name: str, round_: int | None = None) -> dict[str, Any]:
-        """Constructor parameters of ``name`` under this policy, in round ``round_``
-        (None: after any warm-up)."""
+        """Constructor parameters of ``name`` under this policy in the ``round_``-th round
+        a link has used it (0 first; None: after any warm-up)."""
         if name == "topk":
             density = self.topk_density
             if round_ is not None and self.topk_warmup_rounds:

@@ -82,6 +82,8 @@ class Federation:
         self.weights = weights
         self.residual: list[torch.Tensor] | None = None
         self.round = 0
+        # The downlink's codec and the round it started; Top-k's warm-up counts from it.
+        self.downlink: tuple[str, int] = ("", 0)
         self.sessions: dict[str, Session] = {}
         self.cond = threading.Condition()
         self.started_at = time.monotonic()
@@ -131,6 +133,7 @@ class Federation:
             session.codecs = frozenset(hello.codecs)
             self.links.open(session)
             session.codec = self._link_codec(session)
+            session.codec_since = self.round  # a new link's residual is empty
             session.tp = max(1, hello.tp)
             behind = (
                 self.finished  # the final weights follow, and tell it to stop
@@ -160,10 +163,10 @@ class Federation:
             self._forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
-    def _codec_params(self, name: str, round_: int) -> str:
-        """The policy's parameters for ``name`` in ``round_`` as JSON, so the agent encodes
-        exactly that."""
-        params = self.config.policy.codec_params(name, round_)
+    def _codec_params(self, session: Session, round_: int) -> str:
+        """The policy's parameters for the link's codec in ``round_`` as JSON, so the agent
+        encodes exactly that."""
+        params = self.config.policy.codec_params(session.codec, round_ - session.codec_since)
         return json.dumps(params, sort_keys=True) if params else ""
 
     def _welcome(self, session: Session, weights_follow: bool) -> pb.CoordinatorMessage:
@@ -171,7 +174,7 @@ class Federation:
             round=self.round,
             weights_follow=weights_follow,
             codec=session.codec,
-            codec_params=self._codec_params(session.codec, self.round),
+            codec_params=self._codec_params(session, self.round),
             max_chunk_bytes=self.config.max_chunk_bytes,
             heartbeat_ms=self.config.heartbeat_ms,
             identity=session.identity.uri,
@@ -423,7 +426,9 @@ class Federation:
         self, update: list[torch.Tensor], codec_name: str, contributors: int
     ) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
-        params = self.config.policy.codec_params(codec_name, self.round)
+        if codec_name != self.downlink[0]:
+            self.downlink = (codec_name, self.round)
+        params = self.config.policy.codec_params(codec_name, self.round - self.downlink[1])
         seed = rounding_seed(self.config.seed, DOWNLINK_SENDER, self.round)
         codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)
         if codec.lossless and self.residual is None:  # nothing held, nothing to hold
@@ -464,7 +469,7 @@ class Federation:
             codec = self._link_codec(s)
             if codec != s.codec:
                 self.links.switched(s, codec)
-            s.codec = codec
+                s.codec, s.codec_since = codec, self.round + 1
             s.send(
                 pb.CoordinatorMessage(
                     round_end=pb.RoundEnd(
@@ -474,7 +479,7 @@ class Federation:
                         contributors=contributors,
                         mean_loss=self.stats.mean_loss,
                         codec=s.codec,
-                        codec_params=self._codec_params(s.codec, self.round + 1),
+                        codec_params=self._codec_params(s, self.round + 1),
                         final=final,
                     )
                 )

@@ -26,6 +26,9 @@ class Session:
     outbox: queue.Queue = field(default_factory=queue.Queue)
     state: str = "connecting"
     codec: str = "fp32"
+    codec_since: int = 0
+    """The round from which this link's uplink has used ``codec``: Top-k's density warm-up
+    counts from it."""
     codecs: frozenset[str] = frozenset()
     tp: int = 1
     last_round: int = -1

@@ -112,3 +112,38 @@ def test_topk_density_warms_up_over_the_first_rounds(serve, raw_agent):
         end = agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end
         densities.append(json.loads(end.codec_params)["density"])
     assert densities == pytest.approx([0.25, 0.05, 0.01])  # 0.25 * (0.01 / 0.25) ** (t / 2)
+
+
+def _round(agent, round_: int) -> tuple[pb.RoundEnd, str, int]:
+    """Contribute to ``round_``; the round's end, the aggregate's codec and its bytes."""
+    send(agent, *contribution(deltas(round_), round=round_))
+    codecs, size = set(), 0
+    while True:
+        message = agent.inbox.get(timeout=10)
+        kind = message.WhichOneof("body")
+        if kind == "round_end":
+            (codec,) = codecs
+            return message.round_end, codec, size
+        if kind == "chunk":
+            codecs.add(message.chunk.codec)
+            size += len(message.chunk.data)
+
+
+def test_topk_warmup_starts_again_when_a_link_switches_to_topk(serve, raw_agent):
+    """The residual is empty when a link comes to Top-k from FP16, as at round 0, so the
+    density warm-up counts from the switch, on the uplink and on the downlink."""
+    policy = {**ADAPTIVE["policy"], "topk_warmup_rounds": 2, "topk_warmup_start": 0.25}
+    running = serve(min_agents=1, **{**ADAPTIVE, "policy": policy})
+    agent = raw_agent(running.port, "aws-1")
+    assert join(agent, "aws", "aws-1").codec == "fp16"
+    beat({agent: 5.0}, seconds=0.3)
+    assert _round(agent, 0)[0].codec == "fp16"
+    beat({agent: 100.0}, seconds=0.6)  # 50-200 ms: Top-k from round 2 on
+    ends = [_round(agent, r) for r in range(1, 5)]
+    assert [end.codec for end, _, _ in ends] == ["topk"] * 4
+    uplink = [json.loads(end.codec_params)["density"] for end, _, _ in ends]
+    assert uplink == pytest.approx([0.25, 0.05, 0.01, 0.01])  # rounds 2, 3, 4, 5
+    assert [codec for _, codec, _ in ends] == ["fp16", "topk", "topk", "topk"]
+    topk_bytes = [size for _, _, size in ends[1:]]  # the downlink's rounds 2, 3, 4
+    assert topk_bytes[0] > 2 * topk_bytes[1] > 4 * topk_bytes[2]
+    assert running.federation.downlink == ("topk", 2)
