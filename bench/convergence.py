@@ -69,6 +69,7 @@ RUNS = [
     Run("fp16", goal=0.005),
     Run("bf16"),
     Run("topk 1% + EF", goal=0.01),
+    Run("topk 5% + EF", goal=0.01),
     Run("topk 0.1% + EF + warm-up", goal=0.03),
     Run("topk 1%, no EF", feedback=False),
     Run("ecsgd 2-bit + EF", goal=0.03),
@@ -115,6 +116,7 @@ def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
         "fp16": make_codec("fp16"),
         "bf16": make_codec("bf16"),
         "topk 1%": make_codec("topk", density=0.01),
+        "topk 5%": make_codec("topk", density=0.05),
     }
     codec = next(c for prefix, c in fixed.items() if label.startswith(prefix))
     return lambda _: codec

@@ -46,6 +46,15 @@ MODES = ("table", "cost")
 # clips only the outliers (bench/convergence.py --exchange gradient; README, Figures).
 GRADIENT_ECSGD_CLIP = 4.0
 
+# Top-k's density by exchange. Under ``delta`` a site sends the change over several AdamW
+# steps, whose energy is spread evenly (the largest 1 % carries a quarter of it), so 1 %
+# held most of each update back and ended 5.1 % above FP32; 5 % ended 3.0 % below it and
+# reached the adaptive bench's target in 74 rounds against 92 (bench/convergence.py,
+# bench/adaptive.py; README, Figures). Raw gradients (``gradient``) concentrate their
+# energy, and 1 % is Deep Gradient Compression's setting, within 0.2 % of FP32 there.
+DELTA_TOPK_DENSITY = 0.05
+GRADIENT_TOPK_DENSITY = 0.01
+
 
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
@@ -73,8 +82,9 @@ class PolicyConfig:
     """Consecutive windows that must all call for heavier compression before it is used."""
     lighter_after_windows: int = 2
     """Consecutive windows of a recovered link before compression is lightened."""
-    topk_density: float = 0.01
-    """Top-k: fraction of elements sent."""
+    topk_density: float | None = None
+    """Top-k: fraction of elements sent (unset: :data:`DELTA_TOPK_DENSITY`, 5 %; under
+    ``exchange = "gradient"`` :data:`GRADIENT_TOPK_DENSITY`, 1 %)."""
     topk_values: str = "int8"
     """Top-k: ``int8`` (with a scale) or ``fp16`` values."""
     topk_warmup_rounds: int = 0
@@ -110,7 +120,8 @@ class PolicyConfig:
         _require(0 <= self.hysteresis_pct < 50, "hysteresis_pct", self.hysteresis_pct, "in [0, 50)")
         for key in ("heavier_after_windows", "lighter_after_windows"):
             _require(getattr(self, key) >= 1, key, getattr(self, key), ">= 1")
-        _require(0 < self.topk_density <= 1, "topk_density", self.topk_density, "in (0, 1]")
+        density = self.topk_density
+        _require(density is None or 0 < density <= 1, "topk_density", density, "in (0, 1]")
         _require(self.topk_values in ("int8", "fp16"), "topk_values", self.topk_values, "int8|fp16")
         warmup, start = self.topk_warmup_rounds, self.topk_warmup_start
         _require(warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
@@ -125,10 +136,12 @@ class PolicyConfig:
     def for_gradient_exchange(self) -> PolicyConfig:
         """This policy with the defaults of the coordinator's ``exchange = "gradient"``
         (a copy): EC-SGD clips at :data:`GRADIENT_ECSGD_CLIP` RMS unless ``ecsgd_clip`` is
-        set. (1 bit is refused there: the scaled sign holds back every element above the
-        block's mean magnitude, and training diverged.)"""
+        set, Top-k keeps :data:`GRADIENT_TOPK_DENSITY` unless ``topk_density`` is. (1 bit
+        is refused there: the scaled sign holds back every element above the block's mean
+        magnitude, and training diverged.)"""
         clip = GRADIENT_ECSGD_CLIP if self.ecsgd_clip is None else self.ecsgd_clip
-        return replace(self, ecsgd_clip=clip)
+        density = GRADIENT_TOPK_DENSITY if self.topk_density is None else self.topk_density
+        return replace(self, ecsgd_clip=clip, topk_density=density)
 
     @property
     def ladder(self) -> tuple[str, str, str]:
@@ -139,7 +152,7 @@ class PolicyConfig:
         """Constructor parameters of ``name`` under this policy in the ``round_``-th round
         a link has used it (0 first; None: after any warm-up)."""
         if name == "topk":
-            density = self.topk_density
+            density = DELTA_TOPK_DENSITY if self.topk_density is None else self.topk_density
             if round_ is not None and self.topk_warmup_rounds:
                 warmup = DensityWarmup(
                     final=density,

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from skyfed.agent.config import AgentConfig
-from skyfed.compression.policy import GRADIENT_ECSGD_CLIP, PolicyConfig
+from skyfed.compression.policy import (
+    DELTA_TOPK_DENSITY,
+    GRADIENT_ECSGD_CLIP,
+    GRADIENT_TOPK_DENSITY,
+    PolicyConfig,
+)
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 
@@ -69,6 +74,20 @@ def test_gradient_exchange_sets_ecsgd_clip_unless_the_policy_does(tmp_path):
     config = load_config(CoordinatorConfig, component="coordinator", path=toml, flags={})
     assert config.policy.codec_params("ecsgd") == {"bits": 2, "clip": 1.5}
     assert CoordinatorConfig(certs=Path("c")).policy.codec_params("ecsgd") == {"bits": 2}
+
+
+def test_topk_density_defaults_by_exchange_unless_the_policy_sets_it(tmp_path):
+    toml = tmp_path / "c.toml"
+    for exchange, policy, density in [
+        ("delta", "", DELTA_TOPK_DENSITY),
+        ("gradient", "", GRADIENT_TOPK_DENSITY),
+        ("gradient", "[policy]\ntopk_density = 0.05\n", 0.05),
+        ("delta", "[policy]\ntopk_density = 0.01\n", 0.01),
+    ]:
+        toml.write_text(f'certs = "c"\nexchange = "{exchange}"\n{policy}')
+        config = load_config(CoordinatorConfig, component="coordinator", path=toml, flags={})
+        assert config.policy.codec_params("topk")["density"] == density, (exchange, policy)
+    assert (DELTA_TOPK_DENSITY, GRADIENT_TOPK_DENSITY) == (0.05, 0.01)
 
 
 def test_gradient_exchange_leaves_a_policy_it_was_given_alone():
