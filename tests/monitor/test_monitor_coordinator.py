@@ -132,7 +132,8 @@ def _round(agent, round_: int) -> tuple[pb.RoundEnd, str, int]:
 def test_topk_warmup_starts_again_when_a_link_switches_to_topk(serve, raw_agent):
     """The residual is empty when a link comes to Top-k from FP16, as at round 0, so the
     density warm-up counts from the switch, on the uplink and on the downlink."""
-    policy = {**ADAPTIVE["policy"], "topk_warmup_rounds": 2, "topk_warmup_start": 0.25}
+    warmup = {"topk_density": 0.01, "topk_warmup_rounds": 2, "topk_warmup_start": 0.25}
+    policy = {**ADAPTIVE["policy"], **warmup}
     running = serve(min_agents=1, **{**ADAPTIVE, "policy": policy})
     agent = raw_agent(running.port, "aws-1")
     assert join(agent, "aws", "aws-1").codec == "fp16"
