@@ -16,10 +16,10 @@ The federation runs ``--exchange gradient`` by default (Deep Gradient Compressio
 setting: one momentum-SGD step per round, ``--local-steps 1``), the exchange in which
 the codecs trade off on this task: on 2 CPU cores an FP16 round is the fastest on the
 near link and the slowest on the far one (README, Figures, has the per-round times).
-Under ``--exchange delta`` (4 local AdamW steps, target 2.0) they trade off too: FP16
-has the fastest near rounds, Top-k and EC-SGD are the fast ones on the far link, and
-Top-k needs about the same rounds on every seed, while FP16's and EC-SGD's move with the
-seed, fewer than Top-k's on some and more on others (README, Figures).
+Under ``--exchange delta`` (4 local AdamW steps, target 2.0) FP16 has the fastest near
+rounds and Top-k (at that exchange's 5 % default) and EC-SGD the fast far ones; Top-k
+needs the fewest rounds, about the same on every seed, while FP16's and EC-SGD's move
+with the seed (README, Figures).
 
 The target is the **held-out** loss (``task.eval_loss``) of the coordinator's weights,
 which it checkpoints after every round, **averaged over the last 10 rounds**: the bench

@@ -28,6 +28,7 @@ CODECS: list[tuple[str, dict[str, object]]] = [
     ("fp32", {}),
     ("fp16", {}),
     ("bf16", {}),
+    ("topk", {"density": 0.05}),  # the default under exchange = "delta"
     ("topk", {"density": 0.01}),
     ("topk", {"density": 0.001}),
     ("topk", {"density": 0.01, "values": "fp16"}),
