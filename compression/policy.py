@@ -49,7 +49,7 @@ GRADIENT_ECSGD_CLIP = 4.0
 # Top-k's density by exchange. Under ``delta`` a site sends the change over several AdamW
 # steps, whose energy is spread evenly (the largest 1 % carries a quarter of it), so 1 %
 # held most of each update back and ended 5.1 % above FP32; 5 % ended 3.0 % below it and
-# reached the adaptive bench's target in 74 rounds against 92 (bench/convergence.py,
+# reached the adaptive bench's target in 70-76 rounds against 91-97 (bench/convergence.py,
 # bench/adaptive.py; README, Figures). Raw gradients (``gradient``) concentrate their
 # energy, and 1 % is Deep Gradient Compression's setting, within 0.2 % of FP32 there.
 DELTA_TOPK_DENSITY = 0.05
