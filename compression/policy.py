@@ -49,7 +49,7 @@ GRADIENT_ECSGD_CLIP = 4.0
 # Top-k's density by exchange. Under ``delta`` a site sends the change over several AdamW
 # steps, whose energy is spread evenly (the largest 1 % carries a quarter of it), so 1 %
 # held most of each update back and ended 5.1 % above FP32; 5 % ended 3.0 % below it and
-# reached the adaptive bench's target in 70-76 rounds against 91-97 (bench/convergence.py,
+# reached the adaptive bench's target in 70-76 rounds against 91-96 (bench/convergence.py,
 # bench/adaptive.py; README, Figures). Raw gradients (``gradient``) concentrate their
 # energy, and 1 % is Deep Gradient Compression's setting, within 0.2 % of FP32 there.
 DELTA_TOPK_DENSITY = 0.05
@@ -90,11 +90,13 @@ class PolicyConfig:
     topk_warmup_rounds: int = 0
     """Top-k: rounds over which the density falls geometrically from
     ``topk_warmup_start`` to ``topk_density`` (Deep Gradient Compression's warm-up; 0:
-    none), counted from the round a link starts on Top-k: when it joins on it, or when
-    the policy switches it there (the downlink: when the heaviest link's codec becomes
-    Top-k). The residual is empty at each of those points, not only at round 0."""
+    none), counted from round 0 and again from each round the policy switches a link to
+    Top-k (the downlink: the round the heaviest link's codec becomes Top-k). After a
+    stretch of FP16 the residual holds little more than FP16's rounding error, as at
+    round 0; after EC-SGD it holds that codec's quantisation error. A reconnect, a late
+    join or a coordinator restart does not restart it: the residuals outlive them."""
     topk_warmup_start: float = 0.25
-    """Top-k: the density in a link's first Top-k round when warming up."""
+    """Top-k: the density at round 0, and just after a switch to Top-k, when warming up."""
     ecsgd_bits: int = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
     ecsgd_clip: float | None = None

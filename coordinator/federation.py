@@ -83,7 +83,8 @@ class Federation:
         self.residual: list[torch.Tensor] | None = None
         self.round = 0
         # The downlink's codec and the round it started; Top-k's warm-up counts from it.
-        self.downlink: tuple[str, int] = ("", 0)
+        # The first codec after a (re)start counts from round 0: the residual is resumed.
+        self.downlink_ran: tuple[str, int] = ("", 0)
         self.sessions: dict[str, Session] = {}
         self.cond = threading.Condition()
         self.started_at = time.monotonic()
@@ -133,7 +134,7 @@ class Federation:
             session.codecs = frozenset(hello.codecs)
             self.links.open(session)
             session.codec = self._link_codec(session)
-            session.codec_since = self.round  # a new link's residual is empty
+            self._ran(session, self.round)
             session.tp = max(1, hello.tp)
             behind = (
                 self.finished  # the final weights follow, and tell it to stop
@@ -162,6 +163,19 @@ class Federation:
         if old is not None and old is not session:
             self._forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
+
+    def _ran(self, session: Session, round_: int) -> None:
+        """Note that the link runs ``session.codec`` from ``round_`` on, unless it already
+        did: an agent that reconnects on its link's codec keeps its residual, so its warm-up
+        goes on where it was; a link's first codec counts from round 0, as it always has."""
+        link = self.links.get(session)
+        if link is None:
+            return
+        codec, since = link.ran
+        if codec != session.codec:
+            since = round_ if codec else 0
+            link.ran = (session.codec, since)
+        session.codec_since = since
 
     def _codec_params(self, session: Session, round_: int) -> str:
         """The policy's parameters for the link's codec in ``round_`` as JSON, so the agent
@@ -426,9 +440,10 @@ class Federation:
         self, update: list[torch.Tensor], codec_name: str, contributors: int
     ) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
-        if codec_name != self.downlink[0]:
-            self.downlink = (codec_name, self.round)
-        params = self.config.policy.codec_params(codec_name, self.round - self.downlink[1])
+        ran = self.downlink_ran[0]
+        if codec_name != ran:
+            self.downlink_ran = (codec_name, self.round if ran else 0)
+        params = self.config.policy.codec_params(codec_name, self.round - self.downlink_ran[1])
         seed = rounding_seed(self.config.seed, DOWNLINK_SENDER, self.round)
         codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)
         if codec.lossless and self.residual is None:  # nothing held, nothing to hold
@@ -469,7 +484,8 @@ class Federation:
             codec = self._link_codec(s)
             if codec != s.codec:
                 self.links.switched(s, codec)
-                s.codec, s.codec_since = codec, self.round + 1
+                s.codec = codec
+                self._ran(s, self.round + 1)
             s.send(
                 pb.CoordinatorMessage(
                     round_end=pb.RoundEnd(

@@ -48,6 +48,9 @@ class LinkState:
         self._upload: tuple[float, int] | None = None
         self.train_s = 0.0
         """The agent's local training time per round, from its latest contribution."""
+        self.ran: tuple[str, int] = ("", 0)
+        """The codec this link last ran and the round it started: Top-k's density warm-up
+        counts from it. Kept across the agent's sessions, as the agent's residual is."""
 
     def restart(self) -> None:
         """A new session: its probe counts start from zero again."""

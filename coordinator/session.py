@@ -27,8 +27,7 @@ class Session:
     state: str = "connecting"
     codec: str = "fp32"
     codec_since: int = 0
-    """The round from which this link's uplink has used ``codec``: Top-k's density warm-up
-    counts from it."""
+    """The round from which this link's uplink has used ``codec`` (its link's ``ran``)."""
     codecs: frozenset[str] = frozenset()
     tp: int = 1
     last_round: int = -1

@@ -147,4 +147,19 @@ def test_topk_warmup_starts_again_when_a_link_switches_to_topk(serve, raw_agent)
     assert [codec for _, codec, _ in ends] == ["fp16", "topk", "topk", "topk"]
     topk_bytes = [size for _, _, size in ends[1:]]  # the downlink's rounds 2, 3, 4
     assert topk_bytes[0] > 2 * topk_bytes[1] > 4 * topk_bytes[2]
-    assert running.federation.downlink == ("topk", 2)
+    assert running.federation.downlink_ran == ("topk", 2)
+
+
+def test_topk_warmup_goes_on_where_it_was_when_an_agent_reconnects(serve, raw_agent):
+    """An agent keeps its residual across sessions, so a reconnect does not restart the
+    warm-up; nor does a first join after round 0 (the warm-up counts from round 0 then)."""
+    warmup = {"topk_density": 0.01, "topk_warmup_rounds": 2, "topk_warmup_start": 0.25}
+    running = serve(min_agents=1, codec="topk", policy=warmup)
+    first = raw_agent(running.port, "aws-1")
+    assert json.loads(join(first, "aws", "aws-1").codec_params)["density"] == 0.25
+    for round_ in range(3):
+        _round(first, round_)
+    again = raw_agent(running.port, "aws-1")  # replaces the first session
+    assert json.loads(join(again, "aws", "aws-1").codec_params)["density"] == 0.01
+    late = raw_agent(running.port, "gcp-1")
+    assert json.loads(join(late, "gcp", "gcp-1").codec_params)["density"] == 0.01
