@@ -26,7 +26,8 @@ refuses non-finite input) shows as ``diverged``.
 ``--switch "fp16:50,topk"`` adds a run whose codec changes at the named rounds (FP16 for
 50, then Top-k; repeatable), each codec with the coordinator's ``[policy]`` defaults for
 the exchange (Top-k: 5 % under ``delta``, 1 % under ``gradient``): what a link policy's
-switches cost in convergence, without the lab's clock.
+switches cost in convergence, without the lab's clock. ``topk~10`` warms Top-k's density
+up over the step's first 10 rounds, as ``[policy] topk_warmup_rounds = 10`` does.
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
 relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
@@ -81,21 +82,35 @@ RUNS = [
 def switching(label: str, gradient: bool) -> CodecAt:
     """A ``--switch`` run: ``"fp16:50,topk:80,fp16"`` is FP16 for rounds 0-49, Top-k for
     the next 80, then FP16, each codec with the coordinator's ``[policy]`` defaults for
-    the exchange, as a link policy switching at those rounds would run them."""
-    policy = PolicyConfig().for_gradient_exchange() if gradient else PolicyConfig()
-    steps: list[tuple[int, Codec]] = []  # (first round after this step, codec)
+    the exchange, as a link policy switching at those rounds would run them.
+    ``"fp16:50,topk~10"`` warms Top-k's density up over its first 10 rounds, as
+    ``topk_warmup_rounds = 10`` does from a link's switch to Top-k."""
+    steps: list[tuple[int, CodecAt]] = []  # (first round after this step, codec by round)
     end = 0
     parts = label.split(",")
     for i, part in enumerate(parts):
-        name, _, rounds = part.partition(":")
+        named, _, rounds = part.partition(":")
+        name, _, warmup = named.partition("~")
         if not rounds and i < len(parts) - 1:
             raise ValueError(f"{part!r}: only the last codec may run without a round count")
         if rounds and int(rounds) <= 0:
             raise ValueError(f"{part!r}: a codec runs for at least one round")
-        end = end + int(rounds) if rounds else 2**62  # the last step lasts
+        if warmup and (name != "topk" or int(warmup) <= 0):
+            raise ValueError(f"{part!r}: only topk warms up, over at least one round")
+        policy = PolicyConfig(topk_warmup_rounds=int(warmup or 0))
+        policy = policy.for_gradient_exchange() if gradient else policy
+        steps.append((end + int(rounds) if rounds else 2**62, _step(name, policy, end)))
+        end = steps[-1][0]  # the last step lasts
+    return lambda t: next(codec_at(t) for until, codec_at in steps if t < until)
+
+
+def _step(name: str, policy: PolicyConfig, start: int) -> CodecAt:
+    """``name`` under ``policy`` in a step that starts at round ``start``."""
+    if not policy.topk_warmup_rounds:
         # seed: reproducible rounding for a stochastic codec (EC-SGD), as in codec_at
-        steps.append((end, make_codec(name, seed=0, **policy.codec_params(name))))
-    return lambda t: next(codec for until, codec in steps if t < until)
+        codec = make_codec(name, seed=0, **policy.codec_params(name))
+        return lambda _: codec
+    return lambda t: make_codec(name, **policy.codec_params(name, t - start))
 
 
 def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
@@ -277,7 +292,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="SCHEDULE",
-        help='a run whose codec changes, e.g. "fp16:50,topk" (50 rounds fp16, then topk)',
+        help='a run whose codec changes, e.g. "fp16:50,topk" (50 rounds fp16, then topk); '
+        '"topk~10": with a 10-round density warm-up from the switch',
     )
     args = parser.parse_args()
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps

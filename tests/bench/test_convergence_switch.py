@@ -31,6 +31,12 @@ def test_switch_schedule_changes_codec_at_the_named_rounds(convergence):
     assert [one(t).name for t in (0, 500)] == ["topk", "topk"]
 
 
+def test_a_switch_to_topk_can_warm_its_density_up_from_the_switch(convergence):
+    codec_at = convergence.codec_at("fp16:3,topk~2", warmup_rounds=0, gradient=False)
+    densities = [codec_at(t).density for t in (3, 4, 5, 50)]
+    assert densities == pytest.approx([0.25, 0.25 * (0.05 / 0.25) ** 0.5, 0.05, 0.05])
+
+
 def test_switch_schedule_uses_the_gradient_exchange_ecsgd_clip(convergence):
     gradient = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=True)
     delta = convergence.codec_at("fp16:1,ecsgd", warmup_rounds=0, gradient=False)
@@ -39,7 +45,13 @@ def test_switch_schedule_uses_the_gradient_exchange_ecsgd_clip(convergence):
 
 @pytest.mark.parametrize(
     ("schedule", "reason"),
-    [("fp16,topk", "only the last codec"), ("fp16:0,topk", "at least one round"), ("zip:3", "zip")],
+    [
+        ("fp16,topk", "only the last codec"),
+        ("fp16:0,topk", "at least one round"),
+        ("zip:3", "zip"),
+        ("fp16~5:3,topk", "only topk warms up"),
+        ("fp16:3,topk~0", "only topk warms up"),
+    ],
 )
 def test_a_bad_switch_schedule_is_refused_with_the_reason(convergence, schedule, reason):
     with pytest.raises(ValueError, match=reason):
