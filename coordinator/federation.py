@@ -55,6 +55,16 @@ HISTORY = 1000
 DOWNLINK_SENDER = "coordinator"
 
 
+def running(ran: tuple[str, int], codec: str, round_: int) -> tuple[str, int]:
+    """A link's ``(codec, first round)`` once it runs ``codec`` in ``round_``: unchanged
+    if it ran that codec already, else from ``round_``; a first codec from round 0, as a
+    late join or a coordinator restart meets residuals that kept their work, and Top-k's
+    warm-up, which counts from the second figure, must not start again for them."""
+    if codec == ran[0]:
+        return ran
+    return (codec, round_ if ran[0] else 0)
+
+
 @dataclass(slots=True)
 class RoundStats:
     round: int
@@ -83,7 +93,6 @@ class Federation:
         self.residual: list[torch.Tensor] | None = None
         self.round = 0
         # The downlink's codec and the round it started; Top-k's warm-up counts from it.
-        # The first codec after a (re)start counts from round 0: the residual is resumed.
         self.downlink_ran: tuple[str, int] = ("", 0)
         self.sessions: dict[str, Session] = {}
         self.cond = threading.Condition()
@@ -165,22 +174,18 @@ class Federation:
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
     def _ran(self, session: Session, round_: int) -> None:
-        """Note that the link runs ``session.codec`` from ``round_`` on, unless it already
-        did: an agent that reconnects on its link's codec keeps its residual, so its warm-up
-        goes on where it was; a link's first codec counts from round 0, as it always has."""
+        """Note that the link runs ``session.codec`` from ``round_`` on (the link is kept
+        per agent, so a reconnect on the same codec goes on where it was)."""
         link = self.links.get(session)
-        if link is None:
-            return
-        codec, since = link.ran
-        if codec != session.codec:
-            since = round_ if codec else 0
-            link.ran = (session.codec, since)
-        session.codec_since = since
+        if link is not None:
+            link.ran = running(link.ran, session.codec, round_)
 
     def _codec_params(self, session: Session, round_: int) -> str:
         """The policy's parameters for the link's codec in ``round_`` as JSON, so the agent
         encodes exactly that."""
-        params = self.config.policy.codec_params(session.codec, round_ - session.codec_since)
+        link = self.links.get(session)
+        since = link.ran[1] if link is not None else 0
+        params = self.config.policy.codec_params(session.codec, round_ - since)
         return json.dumps(params, sort_keys=True) if params else ""
 
     def _welcome(self, session: Session, weights_follow: bool) -> pb.CoordinatorMessage:
@@ -440,9 +445,7 @@ class Federation:
         self, update: list[torch.Tensor], codec_name: str, contributors: int
     ) -> list[Payload]:
         """Encode ``update`` (+ residual) once; apply exactly what agents will decode."""
-        ran = self.downlink_ran[0]
-        if codec_name != ran:
-            self.downlink_ran = (codec_name, self.round if ran else 0)
+        self.downlink_ran = running(self.downlink_ran, codec_name, self.round)
         params = self.config.policy.codec_params(codec_name, self.round - self.downlink_ran[1])
         seed = rounding_seed(self.config.seed, DOWNLINK_SENDER, self.round)
         codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)

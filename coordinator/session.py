@@ -26,8 +26,6 @@ class Session:
     outbox: queue.Queue = field(default_factory=queue.Queue)
     state: str = "connecting"
     codec: str = "fp32"
-    codec_since: int = 0
-    """The round from which this link's uplink has used ``codec`` (its link's ``ran``)."""
     codecs: frozenset[str] = frozenset()
     tp: int = 1
     last_round: int = -1
