@@ -14,6 +14,7 @@ from skyfed.agent.config import AgentConfig
 from skyfed.agent.probe import ProbeClient
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ def open_channel(config: AgentConfig) -> grpc.Channel:
 
 
 class Link:
-    """A live session: messages go out through a queue gRPC drains, and come in on another."""
+    """A live session: messages go out through an outbox gRPC drains (heartbeats first), and
+    come in on a queue."""
 
     def __init__(
         self, channel: grpc.Channel, heartbeat_s: float = 1.0, *, coordinator: str = ""
@@ -67,9 +69,9 @@ class Link:
         """HOST:PORT dialled; the loss probe goes to HOST (no probe when empty)."""
         self._welcome: pb.Welcome | None = None
         self.probe: ProbeClient | None = None
-        self._outbox: queue.Queue = queue.Queue()
+        self._outbox = Outbox()
         self._inbox: queue.Queue = queue.Queue()
-        self._call = pb_grpc.FederationStub(channel).Session(self._requests())
+        self._call = pb_grpc.FederationStub(channel).Session(iter(self._outbox))
         self._reader = threading.Thread(target=self._read, name="link-read", daemon=True)
         self._reader.start()
         self.rtt_ms = 0.0
@@ -118,15 +120,8 @@ class Link:
         self._stop.set()
         if self.probe is not None:
             self.probe.close()
-        self._outbox.put(None)
+        self._outbox.close()
         self._call.cancel()
-
-    def _requests(self):  # noqa: ANN202 - generator of AgentMessage drained by gRPC
-        while True:
-            message = self._outbox.get()
-            if message is None:
-                return
-            yield message
 
     def _read(self) -> None:
         try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -13,8 +12,7 @@ from skyfed.certs.identity import Identity
 from skyfed.coordinator.aggregate import Contribution
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import Assembler
-
-_CLOSE = object()
+from skyfed.proto.outbox import Outbox
 
 
 @dataclass(eq=False)
@@ -23,7 +21,7 @@ class Session:
 
     identity: Identity
     peer: str
-    outbox: queue.Queue = field(default_factory=queue.Queue)
+    outbox: Outbox = field(default_factory=Outbox)
     state: str = "connecting"
     codec: str = "fp32"
     codecs: frozenset[str] = frozenset()
@@ -71,12 +69,8 @@ class Session:
                 return
             self.closed = True
             self.abort_code, self.abort_message = code, message
-        self.outbox.put(_CLOSE)
+        self.outbox.close()
 
     def drain(self):  # noqa: ANN201 - a generator of CoordinatorMessage
-        """Yield queued messages until the session is closed."""
-        while True:
-            message = self.outbox.get()
-            if message is _CLOSE:
-                return
-            yield message
+        """Yield queued messages (heartbeats first) until the session is closed."""
+        yield from self.outbox
