@@ -143,6 +143,5 @@ class Link:
             beat = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=self.rtt_ms)
             if self.probe is not None:
                 report = self.probe.take()
-                beat.probe_rtt_ms.extend(report.rtt_ms)
                 beat.probes_settled, beat.probes_lost = report.settled, report.lost
             self._outbox.put(pb.AgentMessage(heartbeat=beat))

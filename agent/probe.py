@@ -1,8 +1,10 @@
 """The agent's UDP loss probe: sequence-numbered, HMAC-signed, echoed by the coordinator.
 
 Sends one probe every interval on its own thread, times each echo on arrival, and settles
-every probe either as echoed or, once it is older than ``settle_s``, as lost. The link
-ships what it measured in the next heartbeat (:meth:`ProbeClient.take`).
+every probe either as echoed or, once it is older than ``settle_s``, as lost. Each probe
+carries the round trip of the latest echo to the coordinator's monitor (TCP's queues and
+retransmissions are not in its way); the settled and lost counts go in the next heartbeat
+(:meth:`ProbeClient.take`), where a late count costs nothing.
 """
 
 from __future__ import annotations
@@ -12,22 +14,19 @@ import select
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from skyfed.coordinator.probe import ECHO, PACKET_BYTES, PROBE, Packet, pack, unpack
 
 log = logging.getLogger(__name__)
 
-MAX_SAMPLES = 256
 MIN_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeReport:
-    """Round trips measured since the last report, and the cumulative settled counts."""
+    """The cumulative settled counts."""
 
-    rtt_ms: list[float]
     settled: int
     lost: int
 
@@ -46,7 +45,7 @@ class ProbeClient:
         self.address = info[4]
         self._lock = threading.Lock()
         self._outstanding: dict[int, int] = {}  # seq -> sent_ns
-        self._rtts: deque[float] = deque(maxlen=MAX_SAMPLES)
+        self._unreported_ms = 0.0  # the latest echo's round trip, for the next probe
         self.sent = self.settled = self.lost = 0
         self.srtt_ms = 0.0
         self._stop = threading.Event()
@@ -63,11 +62,9 @@ class ProbeClient:
         self.sock.close()
 
     def take(self) -> ProbeReport:
-        """What was measured since the last call (round trips), and the running counts."""
+        """The running counts, for a heartbeat."""
         with self._lock:
-            rtts = list(self._rtts)
-            self._rtts.clear()
-            return ProbeReport(rtts, self.settled, self.lost)
+            return ProbeReport(self.settled, self.lost)
 
     def _run(self) -> None:
         next_send = time.monotonic()
@@ -92,10 +89,11 @@ class ProbeClient:
         seq, sent_ns = self.sent, time.monotonic_ns()
         with self._lock:
             self._outstanding[seq] = sent_ns
+            rtt_ms, self._unreported_ms = self._unreported_ms, 0.0
         self.sent += 1
         try:
             self.sock.sendto(
-                pack(Packet(PROBE, self.probe_id, seq, sent_ns), self.key), self.address
+                pack(Packet(PROBE, self.probe_id, seq, sent_ns, rtt_ms), self.key), self.address
             )
         except OSError as exc:
             log.debug("[Agent.Probe] send failed: %s", exc)
@@ -111,7 +109,9 @@ class ProbeClient:
             if sent_ns is None or sent_ns != packet.sent_ns:
                 return  # already given up on, or not ours
             rtt_ms = (now_ns - sent_ns) / 1e6
-            self._rtts.append(rtt_ms)
+            # Two echoes between probes (after a stall): the later one is reported; the
+            # monitor takes a window's median anyway.
+            self._unreported_ms = rtt_ms
             self.settled += 1
             self.srtt_ms = rtt_ms if not self.srtt_ms else 0.875 * self.srtt_ms + 0.125 * rtt_ms
 

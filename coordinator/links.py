@@ -1,7 +1,8 @@
-"""Every agent link's monitor and policy state: heartbeats and transfers in, codecs out.
+"""Every agent link's monitor and policy state: probes, heartbeats and transfers in, codecs out.
 
-Agents measure round trips and probe loss on their side and report them in heartbeats;
-the coordinator times the gradient transfers it receives. Each link's
+Agents measure round trips and probe loss on their side; each probe reports the latest
+round trip to the echo (:meth:`LinkState.probe_rtt`), heartbeats the probe's counts; the
+coordinator times the gradient transfers it receives. Each link's
 :class:`~skyfed.compression.monitor.LinkMonitor` closes a window every ``window_s``,
 the policy takes one step per window, and the round engine reads the link's codec at the
 next round boundary (:meth:`Links.codec`), so a switch never lands mid-round.
@@ -60,16 +61,20 @@ class LinkState:
 
     def heartbeat(self, beat: pb.Heartbeat, now_s: float) -> None:
         with self.lock:
-            probing = beat.probes_settled > 0 or len(beat.probe_rtt_ms) > 0
-            for rtt_ms in beat.probe_rtt_ms:
-                self.monitor.add_rtt(now_s, rtt_ms)
-            if not probing and beat.rtt_ms > 0:
+            if beat.probes_settled == 0 and beat.rtt_ms > 0:
                 self.monitor.add_rtt(now_s, beat.rtt_ms)  # no probe: the stream's round trip
             settled = beat.probes_settled - self._settled
             lost = beat.probes_lost - self._lost
             if settled >= 0 and lost >= 0:
                 self.monitor.add_probes(now_s, settled, lost)
             self._settled, self._lost = beat.probes_settled, beat.probes_lost
+            self._advance(now_s)
+
+    def probe_rtt(self, rtt_ms: float) -> None:
+        """A round trip the agent's probe measured, reported on its next probe."""
+        with self.lock:
+            now_s = time.monotonic()
+            self.monitor.add_rtt(now_s, rtt_ms)
             self._advance(now_s)
 
     def upload_begins(self, bytes_up: int, now_s: float) -> None:
@@ -134,7 +139,7 @@ class Links:
         if self.echo is not None:
             if link.probe is not None:
                 self.echo.unregister(link.probe)
-            link.probe = self.echo.register()
+            link.probe = self.echo.register(on_rtt=link.probe_rtt)
         return link
 
     def close(self, session: Session) -> None:

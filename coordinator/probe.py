@@ -2,8 +2,14 @@
 
 A probe and its echo are one fixed 48-byte packet::
 
-    magic "SFP1" | kind u8 (0 probe, 1 echo) | 3 zero bytes | probe_id 8 B | seq u64 |
+    magic "SFP1" | kind u8 (0 probe, 1 echo) | rtt u24 | probe_id 8 B | seq u64 |
     sent_ns u64 | HMAC-SHA256(key, the 32 bytes before)[:16]
+
+``rtt`` is, in a probe, the round trip of the sender's latest echo not reported yet, in
+units of 10 us (0: none; at most ~168 s), and 0 in an echo. The agent's round trips reach
+the coordinator's monitor this way, on the path they measure, rather than in heartbeats:
+those travel on the session's TCP stream, behind the gradients in flight and their
+retransmissions (on the adaptive bench's far link, 300 ms and 1 % loss, up to 2-5 s).
 
 The key and the probe id are handed to an agent in its Welcome, over the mTLS stream, so
 only that agent can make a probe the echo answers. The echo answers a probe only if it has
@@ -23,13 +29,16 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"SFP1"
 PROBE, ECHO = 0, 1
-_HEADER = struct.Struct("!4sB3x8sQQ")
+_HEADER = struct.Struct("!4sB3s8sQQ")
+RTT_UNIT_MS = 0.01
+_RTT_MAX = (1 << 24) - 1
 MAC_BYTES = 16
 PACKET_BYTES = _HEADER.size + MAC_BYTES
 KEY_BYTES = 32
@@ -43,10 +52,13 @@ class Packet:
     probe_id: bytes
     seq: int
     sent_ns: int
+    rtt_ms: float = 0.0
+    """A probe's report: its sender's latest round trip (0: none), to ``RTT_UNIT_MS``."""
 
 
 def pack(packet: Packet, key: bytes) -> bytes:
-    header = _HEADER.pack(MAGIC, packet.kind, packet.probe_id, packet.seq, packet.sent_ns)
+    rtt = min(_RTT_MAX, max(0, round(packet.rtt_ms / RTT_UNIT_MS))).to_bytes(3, "big")
+    header = _HEADER.pack(MAGIC, packet.kind, rtt, packet.probe_id, packet.seq, packet.sent_ns)
     return header + hmac.digest(key, header, hashlib.sha256)[:MAC_BYTES]
 
 
@@ -64,8 +76,10 @@ def unpack(data: bytes, key: bytes, kind: int) -> Packet | None:
     header, mac = data[: _HEADER.size], data[_HEADER.size :]
     if not hmac.compare_digest(mac, hmac.digest(key, header, hashlib.sha256)[:MAC_BYTES]):
         return None
-    _, got_kind, probe_id, seq, sent_ns = _HEADER.unpack(header)
-    return Packet(got_kind, probe_id, seq, sent_ns) if got_kind == kind else None
+    _, got_kind, rtt, probe_id, seq, sent_ns = _HEADER.unpack(header)
+    if got_kind != kind:
+        return None
+    return Packet(got_kind, probe_id, seq, sent_ns, int.from_bytes(rtt, "big") * RTT_UNIT_MS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -79,6 +93,8 @@ class ProbeKey:
     seen: set[int] = field(default_factory=set)
     tokens: float = 0.0
     refilled_at: float = field(default_factory=time.monotonic)
+    on_rtt: Callable[[float], None] | None = field(default=None, repr=False)
+    """Called (on the echo's thread) with each round trip the agent reports."""
 
     @classmethod
     def new(cls) -> ProbeKey:
@@ -131,9 +147,11 @@ class ProbeEcho:
         log.info("[Coordinator.Probe] listen port=%d", self.port)
         return self
 
-    def register(self) -> ProbeKey:
+    def register(self, on_rtt: Callable[[float], None] | None = None) -> ProbeKey:
+        """A new key; ``on_rtt`` receives the round trips its holder reports."""
         key = ProbeKey.new()
         key.tokens = self.max_pps_per_key
+        key.on_rtt = on_rtt
         with self._lock:
             self._keys[key.probe_id] = key
         return key
@@ -179,9 +197,13 @@ class ProbeEcho:
         with self._lock:
             if not key.fresh(packet.seq):
                 return None
-            if not key.take(self.max_pps_per_key, self.max_pps_per_key):
-                return None
-            if not self._total.take(self.max_pps, self.max_pps):
-                return None
-            key.received += 1
+            answered = key.take(self.max_pps_per_key, self.max_pps_per_key) and self._total.take(
+                self.max_pps, self.max_pps
+            )
+            if answered:
+                key.received += 1
+        if packet.rtt_ms > 0 and key.on_rtt is not None:  # authentic and fresh: a report
+            key.on_rtt(packet.rtt_ms)
+        if not answered:
+            return None
         return pack(Packet(ECHO, key.probe_id, packet.seq, packet.sent_ns), key.key)

@@ -174,20 +174,18 @@ class WeightsEnd(_message.Message):
     def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probe_rtt_ms", "probes_settled", "probes_lost")
+    __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probes_settled", "probes_lost")
     SENT_NS_FIELD_NUMBER: _ClassVar[int]
     ECHO_NS_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
-    PROBE_RTT_MS_FIELD_NUMBER: _ClassVar[int]
     PROBES_SETTLED_FIELD_NUMBER: _ClassVar[int]
     PROBES_LOST_FIELD_NUMBER: _ClassVar[int]
     sent_ns: int
     echo_ns: int
     rtt_ms: float
-    probe_rtt_ms: _containers.RepeatedScalarFieldContainer[float]
     probes_settled: int
     probes_lost: int
-    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., probe_rtt_ms: _Optional[_Iterable[float]] = ..., probes_settled: _Optional[int] = ..., probes_lost: _Optional[int] = ...) -> None: ...
+    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., probes_settled: _Optional[int] = ..., probes_lost: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "contribution", "chunk", "heartbeat")

@@ -15,14 +15,14 @@ class Outbox:
 
     gRPC's synchronous streams send one message at a time and take the next only when the
     transport has accepted the last, which on a slow link is when flow control lets it go.
-    In one queue a heartbeat, and the probe report it carries, waited behind every chunk of
-    the transfer in progress: 100 MB of FP16 gradients on a 20 Mbit/s link would blind the
-    coordinator's monitor for 40 s, while the link matters most. Now it waits for what gRPC
-    and the socket already hold (6 of 40 queued 1 MB chunks on loopback, where it waited
-    for all 40; ``tests/monitor/test_monitor_heartbeats.py``). TCP still delivers in order:
-    on a lossy link a heartbeat waits out the retransmission of the bytes ahead of it.
-    Overtaking is safe: heartbeats carry measurements, nothing a chunk or a round message
-    depends on.
+    In one queue a heartbeat, with the loss counts it carries, waited behind every chunk of
+    the transfer in progress: 100 MB of FP16 gradients on a 20 Mbit/s link would leave the
+    coordinator's monitor without them for 40 s. Now it waits for what gRPC and the socket
+    already hold (6 of 40 queued 1 MB chunks on loopback, where it waited for all 40;
+    ``tests/monitor/test_monitor_heartbeats.py``). TCP still delivers in order: on a lossy
+    link a heartbeat waits out the retransmission of the bytes ahead of it, which is why
+    round trips travel on the probe instead (``coordinator/probe.py``). Overtaking is safe:
+    heartbeats carry measurements, nothing a chunk or a round message depends on.
     """
 
     def __init__(self) -> None:

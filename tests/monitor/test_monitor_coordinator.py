@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 
 import pytest
 
 from skyfed.compression import codec_names
+from skyfed.coordinator.probe import PROBE, Packet, pack
 from skyfed.fingerprint import weights_digest
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.serde import specs_to_proto
@@ -34,19 +36,38 @@ def join(agent, cloud: str, name: str) -> pb.Welcome:
         weights_digest=weights_digest(weights),
     )
     agent.send(hello=hello)
-    return agent.expect("welcome").welcome
+    welcome = agent.expect("welcome").welcome
+    agent.probes = Probes(welcome)
+    return welcome
+
+
+class Probes:
+    """Signed probes to the coordinator's echo, each reporting a round trip, as an agent's
+    probe sends them (the echoes are not read)."""
+
+    def __init__(self, welcome: pb.Welcome) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.address = ("127.0.0.1", welcome.probe_port)
+        self.probe_id, self.key, self.seq = welcome.probe_id, welcome.probe_key, 0
+
+    def report(self, rtt_ms: float) -> None:
+        packet = Packet(PROBE, self.probe_id, self.seq, time.monotonic_ns(), rtt_ms)
+        self.sock.sendto(pack(packet, self.key), self.address)
+        self.seq += 1
 
 
 def beat(agents_rtts: dict, seconds: float, lost_per_beat: int = 0) -> None:
-    """Heartbeats every 20 ms from each agent, as if its probe measured these round trips."""
+    """Every 20 ms from each agent, a probe reporting this round trip and a heartbeat with
+    the probe's running counts (5 probes settled, ``lost_per_beat`` of them lost)."""
     settled, lost = 0, 0
     for _ in range(int(seconds / 0.02)):
         settled += 5
         lost += lost_per_beat
         for agent, rtt_ms in agents_rtts.items():
-            hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=rtt_ms)
-            hb.probe_rtt_ms.extend([rtt_ms] * 5)
-            hb.probes_settled, hb.probes_lost = settled, lost
+            agent.probes.report(rtt_ms)
+            hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), probes_settled=settled)
+            hb.probes_lost = lost
             agent.send(heartbeat=hb)
         time.sleep(0.02)
 
@@ -76,6 +97,20 @@ def test_each_link_gets_its_own_codec_and_every_switch_is_logged_and_counted(
     (line,) = [r.getMessage() for r in caplog.records if "[Coordinator.Codec]" in r.getMessage()]
     assert "agent=spiffe://" in line and "from=fp16 to=ecsgd rtt_ms=300.0" in line
     assert "loss_pct=0.00" in line and "goodput_mbit=" in line
+
+
+def test_round_trips_on_the_probe_reach_the_policy_with_no_heartbeat(serve, raw_agent):
+    """The path a stalled stream cannot delay: no heartbeat at all, only signed probes."""
+    running = serve(min_agents=1, **ADAPTIVE)
+    agent = raw_agent(running.port, "aws-1")
+    join(agent, "aws", "aws-1")
+    for _ in range(30):
+        agent.probes.report(300.0)
+        time.sleep(0.02)
+    send(agent, *contribution(deltas(1)))
+    assert (
+        agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "ecsgd"
+    )
 
 
 def test_a_lossy_near_link_gets_heavier_compression(serve, raw_agent):

@@ -1,4 +1,5 @@
-"""The UDP loss probe: only the key's holder gets echoes, never more bytes than it sent."""
+"""The UDP loss probe: only the key's holder gets echoes, never more bytes than it sent, and
+its reports of round trips reach the monitor."""
 
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ def exchange(sock: socket.socket, echo: ProbeEcho, data: bytes) -> bytes | None:
         return None
 
 
-def probe(key, seq: int = 0, *, kind: int = PROBE, secret: bytes | None = None) -> bytes:
-    return pack(Packet(kind, key.probe_id, seq, 12345), secret or key.key)
+def probe(
+    key, seq: int = 0, *, kind: int = PROBE, secret: bytes | None = None, rtt_ms: float = 0.0
+) -> bytes:
+    return pack(Packet(kind, key.probe_id, seq, 12345, rtt_ms), secret or key.key)
 
 
 def test_a_probe_signed_with_the_session_key_is_echoed_same_size_and_signed(echo, udp):
@@ -91,16 +94,28 @@ def test_the_echo_answers_at_most_its_packet_budget(echo, udp):
     assert 100 <= replies <= 140  # a 100-packet burst, then 100 per second
 
 
-def test_the_client_measures_round_trips_and_counts_nothing_lost_on_loopback(echo):
-    key = echo.register()
+def test_a_probe_reports_its_senders_round_trip_only_when_authentic_and_fresh(echo, udp):
+    reported: list[float] = []
+    key = echo.register(on_rtt=reported.append)
+    assert exchange(udp, echo, probe(key, seq=1, rtt_ms=301.234)) is not None
+    assert exchange(udp, echo, probe(key, seq=2)) is not None  # no round trip to report
+    assert exchange(udp, echo, probe(key, seq=1, rtt_ms=5.0)) is None  # a replay
+    assert exchange(udp, echo, probe(key, seq=3, rtt_ms=5.0, secret=b"k" * 32)) is None
+    assert reported == [pytest.approx(301.23)]  # carried in units of 10 us
+    assert unpack(probe(key, rtt_ms=1e9), key.key, PROBE).rtt_ms == pytest.approx(167772.15)
+
+
+def test_the_client_reports_round_trips_and_counts_nothing_lost_on_loopback(echo):
+    reported: list[float] = []
+    key = echo.register(on_rtt=reported.append)
     client = ProbeClient("127.0.0.1", echo.port, key.probe_id, key.key, interval_s=0.01).start()
     try:
         time.sleep(1.5)
         report = client.take()
     finally:
         client.close()
-    assert len(report.rtt_ms) > 50
-    assert all(0 < rtt < 50 for rtt in report.rtt_ms)
+    assert len(reported) > 50
+    assert all(0 < rtt < 50 for rtt in reported)
     assert report.settled > 50 and report.lost == 0
 
 
@@ -113,4 +128,4 @@ def test_the_client_settles_unanswered_probes_as_lost(echo):
         report = client.take()
     finally:
         client.close()
-    assert report.rtt_ms == [] and report.settled == report.lost > 10
+    assert report.settled == report.lost > 10
