@@ -2,7 +2,8 @@
 
 Sends one probe every interval on its own thread, times each echo on arrival, and settles
 every probe either as echoed or, once it is older than ``settle_s``, as lost. Each probe
-carries the round trip of the latest echo to the coordinator's monitor (TCP's queues and
+carries the round trip of the echoes since the last one (the longest) to the coordinator's
+monitor (TCP's queues and
 retransmissions are not in its way); the settled and lost counts go in the next heartbeat
 (:meth:`ProbeClient.take`), where a late count costs nothing.
 """
@@ -45,7 +46,7 @@ class ProbeClient:
         self.address = info[4]
         self._lock = threading.Lock()
         self._outstanding: dict[int, int] = {}  # seq -> sent_ns
-        self._unreported_ms = 0.0  # the latest echo's round trip, for the next probe
+        self._unreported_ms = 0.0  # the longest round trip since the last probe, to report
         self.sent = self.settled = self.lost = 0
         self.srtt_ms = 0.0
         self._stop = threading.Event()
@@ -109,9 +110,9 @@ class ProbeClient:
             if sent_ns is None or sent_ns != packet.sent_ns:
                 return  # already given up on, or not ours
             rtt_ms = (now_ns - sent_ns) / 1e6
-            # Two echoes between probes (after a stall): the later one is reported; the
-            # monitor takes a window's median anyway.
-            self._unreported_ms = rtt_ms
+            # Echoes that bunch up between probes (a queue draining) arrive ever sooner:
+            # the longest of them is the link's state, so it is the one reported.
+            self._unreported_ms = max(self._unreported_ms, rtt_ms)
             self.settled += 1
             self.srtt_ms = rtt_ms if not self.srtt_ms else 0.875 * self.srtt_ms + 0.125 * rtt_ms
 

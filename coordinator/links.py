@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 """The coordinator's ``codec`` that lets the link policy choose per link."""
 PROFILE_MAX_NUMEL = 1 << 22
+STREAM_RTT_AFTER_S = 2.0
+"""With no probe report for this long (no probe, an agent from before round trips rode on
+it, or a path that drops them), the heartbeats' own round trip stands in."""
 
 
 class LinkState:
@@ -43,9 +46,11 @@ class LinkState:
         self.state = PolicyState(policy.light)
         self.probe: ProbeKey | None = None
         self.decided_on = LinkStats()
-        """The figures of the policy's latest step: what a switch is logged with."""
+        """The figures of the step that chose the link's codec: what its switch is logged
+        with (windows that close before the round boundary do not replace them)."""
         self.lock = threading.Lock()
         self._settled = self._lost = 0
+        self._reported_at = -math.inf  # when the probe last reported a round trip
         self._upload: tuple[float, int] | None = None
         self.train_s = 0.0
         """The agent's local training time per round, from its latest contribution."""
@@ -61,8 +66,9 @@ class LinkState:
 
     def heartbeat(self, beat: pb.Heartbeat, now_s: float) -> None:
         with self.lock:
-            if beat.probes_settled == 0 and beat.rtt_ms > 0:
-                self.monitor.add_rtt(now_s, beat.rtt_ms)  # no probe: the stream's round trip
+            if beat.rtt_ms > 0 and now_s - self._reported_at > STREAM_RTT_AFTER_S:
+                # The stream's round trip, which a transfer in flight inflates: a stand-in.
+                self.monitor.add_rtt(now_s, beat.rtt_ms)
             settled = beat.probes_settled - self._settled
             lost = beat.probes_lost - self._lost
             if settled >= 0 and lost >= 0:
@@ -73,7 +79,7 @@ class LinkState:
     def probe_rtt(self, rtt_ms: float) -> None:
         """A round trip the agent's probe measured, reported on its next probe."""
         with self.lock:
-            now_s = time.monotonic()
+            now_s = self._reported_at = time.monotonic()
             self.monitor.add_rtt(now_s, rtt_ms)
             self._advance(now_s)
 
@@ -95,8 +101,11 @@ class LinkState:
         for window in self.monitor.poll(now_s):
             if math.isnan(window.rtt_ms) and not window.probes:
                 continue  # nothing measured in it: no evidence either way
-            self.decided_on = self.monitor.latest()
-            self.state = step(self.state, self.decided_on, self.policy, self.profiles, self.train_s)
+            stats = self.monitor.latest()
+            state = step(self.state, stats, self.policy, self.profiles, self.train_s)
+            if state.codec != self.state.codec:
+                self.decided_on = stats
+            self.state = state
 
     def stats(self) -> LinkStats:
         with self.lock:
@@ -171,7 +180,10 @@ class Links:
     def switched(self, session: Session, to: str) -> None:
         """Log and count a switch made at a round boundary, with the figures behind it."""
         link = self._links.get(session.key)
-        stats = link.decided_on if link is not None else LinkStats()
+        stats = LinkStats()
+        if link is not None:
+            with link.lock:
+                stats = link.decided_on
         session.codec_switches += 1
         log.info(
             "[Coordinator.Codec] agent=%s from=%s to=%s rtt_ms=%.1f jitter_ms=%.1f "

@@ -5,11 +5,13 @@ A probe and its echo are one fixed 48-byte packet::
     magic "SFP1" | kind u8 (0 probe, 1 echo) | rtt u24 | probe_id 8 B | seq u64 |
     sent_ns u64 | HMAC-SHA256(key, the 32 bytes before)[:16]
 
-``rtt`` is, in a probe, the round trip of the sender's latest echo not reported yet, in
-units of 10 us (0: none; at most ~168 s), and 0 in an echo. The agent's round trips reach
+``rtt`` is, in a probe, the longest round trip of the sender's echoes since its last
+probe, in units of 10 us (0: none; at most ~168 s), and 0 in an echo. The agent's round trips reach
 the coordinator's monitor this way, on the path they measure, rather than in heartbeats:
 those travel on the session's TCP stream, behind the gradients in flight and their
-retransmissions (on the adaptive bench's far link, 300 ms and 1 % loss, up to 2-5 s).
+retransmissions (on the adaptive bench's far link, 300 ms and 1 % loss, up to 1-5 s).
+A round trip reaches the monitor only from a probe the echo answers (signed, fresh, within
+the budget).
 
 The key and the probe id are handed to an agent in its Welcome, over the mTLS stream, so
 only that agent can make a probe the echo answers. The echo answers a probe only if it has
@@ -57,7 +59,9 @@ class Packet:
 
 
 def pack(packet: Packet, key: bytes) -> bytes:
-    rtt = min(_RTT_MAX, max(0, round(packet.rtt_ms / RTT_UNIT_MS))).to_bytes(3, "big")
+    # A positive round trip never packs to 0, which means "none".
+    units = max(1, round(packet.rtt_ms / RTT_UNIT_MS)) if packet.rtt_ms > 0 else 0
+    rtt = min(_RTT_MAX, units).to_bytes(3, "big")
     header = _HEADER.pack(MAGIC, packet.kind, rtt, packet.probe_id, packet.seq, packet.sent_ns)
     return header + hmac.digest(key, header, hashlib.sha256)[:MAC_BYTES]
 
@@ -197,13 +201,15 @@ class ProbeEcho:
         with self._lock:
             if not key.fresh(packet.seq):
                 return None
-            answered = key.take(self.max_pps_per_key, self.max_pps_per_key) and self._total.take(
-                self.max_pps, self.max_pps
-            )
-            if answered:
-                key.received += 1
-        if packet.rtt_ms > 0 and key.on_rtt is not None:  # authentic and fresh: a report
-            key.on_rtt(packet.rtt_ms)
-        if not answered:
-            return None
+            if not key.take(self.max_pps_per_key, self.max_pps_per_key):
+                return None
+            if not self._total.take(self.max_pps, self.max_pps):
+                return None
+            key.received += 1
+        if packet.rtt_ms > 0 and key.on_rtt is not None:
+            # Only from a probe the echo answers: the budget bounds this thread's work too.
+            try:
+                key.on_rtt(packet.rtt_ms)
+            except Exception:  # one link's monitor must not stop every agent's echo
+                log.exception("[Coordinator.Probe] round-trip report failed")
         return pack(Packet(ECHO, key.probe_id, packet.seq, packet.sent_ns), key.key)

@@ -1,4 +1,5 @@
-"""The coordinator's side: heartbeats' measurements pick each link's codec at round ends."""
+"""The coordinator's side: what probes and heartbeats measure picks each link's codec at
+round ends."""
 
 from __future__ import annotations
 
@@ -66,8 +67,7 @@ def beat(agents_rtts: dict, seconds: float, lost_per_beat: int = 0) -> None:
         lost += lost_per_beat
         for agent, rtt_ms in agents_rtts.items():
             agent.probes.report(rtt_ms)
-            hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), probes_settled=settled)
-            hb.probes_lost = lost
+            hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), probes_settled=settled, probes_lost=lost)
             agent.send(heartbeat=hb)
         time.sleep(0.02)
 
@@ -111,6 +111,32 @@ def test_round_trips_on_the_probe_reach_the_policy_with_no_heartbeat(serve, raw_
     assert (
         agent.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.codec == "ecsgd"
     )
+
+
+def _stream_beats(agent, rtt_ms: float, seconds: float, probe_rtt_ms: float = 0.0) -> None:
+    """Heartbeats whose own round trip is ``rtt_ms`` (a stream behind a transfer reads
+    long), with a probe that settles probes and reports ``probe_rtt_ms`` (0: never)."""
+    for i in range(int(seconds / 0.02)):
+        if probe_rtt_ms:
+            agent.probes.report(probe_rtt_ms)
+        hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=rtt_ms, probes_settled=5 * (i + 1))
+        agent.send(heartbeat=hb)
+        time.sleep(0.02)
+
+
+def test_the_heartbeats_round_trip_stands_in_only_while_the_probe_reports_none(serve, raw_agent):
+    running = serve(min_agents=2, **ADAPTIVE)
+    old, probed = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(old, "aws", "aws-1")  # an agent whose probes carry no round trip
+    join(probed, "gcp", "gcp-1")
+    for _ in range(2):  # interleaved, so both links see the same 0.6 s
+        _stream_beats(old, rtt_ms=300.0, seconds=0.3)
+        _stream_beats(probed, rtt_ms=300.0, seconds=0.3, probe_rtt_ms=5.0)
+    send(old, *contribution(deltas(1)))
+    send(probed, *contribution(deltas(2)))
+    skip = ("heartbeat", "chunk", "receipt")
+    assert old.expect("round_end", skip=skip).round_end.codec == "ecsgd"
+    assert probed.expect("round_end", skip=skip).round_end.codec == "fp16"
 
 
 def test_a_lossy_near_link_gets_heavier_compression(serve, raw_agent):

@@ -1,4 +1,5 @@
-"""Heartbeats carry the monitor's measurements: they must not wait behind a transfer."""
+"""Heartbeats carry the probe's loss counts (and stand in for it): they must not wait
+behind a transfer."""
 
 from __future__ import annotations
 

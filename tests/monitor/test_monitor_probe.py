@@ -80,10 +80,11 @@ def test_unknown_ids_wrong_sizes_echo_packets_and_replays_get_no_echo(echo, udp)
     assert exchange(udp, echo, probe(key, seq=9)) is None  # the same probe again
 
 
-def test_the_echo_answers_at_most_its_packet_budget(echo, udp):
-    key = echo.register()
+def test_the_echo_answers_at_most_its_packet_budget_and_takes_reports_within_it(echo, udp):
+    reported: list[float] = []
+    key = echo.register(on_rtt=reported.append)
     for seq in range(300):
-        udp.sendto(probe(key, seq), ("127.0.0.1", echo.port))
+        udp.sendto(probe(key, seq, rtt_ms=10.0), ("127.0.0.1", echo.port))
     time.sleep(0.3)
     udp.settimeout(0.05)
     replies = 0
@@ -92,6 +93,7 @@ def test_the_echo_answers_at_most_its_packet_budget(echo, udp):
             udp.recv(4096)
             replies += 1
     assert 100 <= replies <= 140  # a 100-packet burst, then 100 per second
+    assert len(reported) == replies  # the budget bounds the monitor's work as well
 
 
 def test_a_probe_reports_its_senders_round_trip_only_when_authentic_and_fresh(echo, udp):
