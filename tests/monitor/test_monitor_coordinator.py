@@ -7,6 +7,7 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -46,9 +47,12 @@ class Probes:
     """Signed probes to the coordinator's echo, each reporting a round trip, as an agent's
     probe sends them (the echoes are not read)."""
 
+    opened: list[socket.socket] = []  # closed after each test
+
     def __init__(self, welcome: pb.Welcome) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
+        Probes.opened.append(self.sock)
         self.address = ("127.0.0.1", welcome.probe_port)
         self.probe_id, self.key, self.seq = welcome.probe_id, welcome.probe_key, 0
 
@@ -56,6 +60,13 @@ class Probes:
         packet = Packet(PROBE, self.probe_id, self.seq, time.monotonic_ns(), rtt_ms)
         self.sock.sendto(pack(packet, self.key), self.address)
         self.seq += 1
+
+
+@pytest.fixture(autouse=True)
+def _close_probes() -> Iterator[None]:
+    yield
+    while Probes.opened:
+        Probes.opened.pop().close()
 
 
 def beat(agents_rtts: dict, seconds: float, lost_per_beat: int = 0) -> None:
