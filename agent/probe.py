@@ -2,10 +2,10 @@
 
 Sends one probe every interval on its own thread, times each echo on arrival, and settles
 every probe either as echoed or, once it is older than ``settle_s``, as lost. Each probe
-carries the round trip of the echoes since the last one (the longest) to the coordinator's
-monitor (TCP's queues and
-retransmissions are not in its way); the settled and lost counts go in the next heartbeat
-(:meth:`ProbeClient.take`), where a late count costs nothing.
+carries the longest round trip of the echoes since the last one to the coordinator's
+monitor (TCP's queues and retransmissions are not in its way); the settled and lost
+counts go in the next heartbeat (:meth:`ProbeClient.take`), where a late count costs
+little.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Every agent link's monitor and policy state: probes, heartbeats and transfers in, codecs out.
+"""Every agent link's monitor and policy state: probes, heartbeats, transfers in; codecs out.
 
-Agents measure round trips and probe loss on their side; each probe reports the latest
-round trip to the echo (:meth:`LinkState.probe_rtt`), heartbeats the probe's counts; the
-coordinator times the gradient transfers it receives. Each link's
+Agents measure round trips and probe loss on their side; each probe reports the round
+trips since the last one to the echo (:meth:`LinkState.probe_rtt`), heartbeats the
+probe's counts; the coordinator times the gradient transfers it receives. Each link's
 :class:`~skyfed.compression.monitor.LinkMonitor` closes a window every ``window_s``,
 the policy takes one step per window, and the round engine reads the link's codec at the
 next round boundary (:meth:`Links.codec`), so a switch never lands mid-round.

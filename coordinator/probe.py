@@ -6,12 +6,12 @@ A probe and its echo are one fixed 48-byte packet::
     sent_ns u64 | HMAC-SHA256(key, the 32 bytes before)[:16]
 
 ``rtt`` is, in a probe, the longest round trip of the sender's echoes since its last
-probe, in units of 10 us (0: none; at most ~168 s), and 0 in an echo. The agent's round trips reach
-the coordinator's monitor this way, on the path they measure, rather than in heartbeats:
-those travel on the session's TCP stream, behind the gradients in flight and their
-retransmissions (on the adaptive bench's far link, 300 ms and 1 % loss, up to 1-5 s).
-A round trip reaches the monitor only from a probe the echo answers (signed, fresh, within
-the budget).
+probe, in units of 10 us (0: none; at most ~168 s), and 0 in an echo. The agent's round
+trips reach the coordinator's monitor this way, on the path they measure, rather than in
+heartbeats: those travel on the session's TCP stream, behind the gradients in flight and
+their retransmissions (on the adaptive bench's far link, 300 ms and 1 % loss, up to
+1-5 s). A round trip reaches the monitor only from a probe the echo answers (signed,
+fresh, within the budget).
 
 The key and the probe id are handed to an agent in its Welcome, over the mTLS stream, so
 only that agent can make a probe the echo answers. The echo answers a probe only if it has
@@ -55,7 +55,8 @@ class Packet:
     seq: int
     sent_ns: int
     rtt_ms: float = 0.0
-    """A probe's report: its sender's latest round trip (0: none), to ``RTT_UNIT_MS``."""
+    """A probe's report: its sender's longest round trip since its last probe (0: none),
+    to ``RTT_UNIT_MS``."""
 
 
 def pack(packet: Packet, key: bytes) -> bytes:

@@ -41,7 +41,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             daemon=True,
         )
         reader.start()
-        yield from session.drain()
+        yield from session.outbox  # heartbeats first, until the session is closed
         self.federation.leave(session)
         if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
             context.abort(session.abort_code, session.abort_message)

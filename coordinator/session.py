@@ -70,7 +70,3 @@ class Session:
             self.closed = True
             self.abort_code, self.abort_message = code, message
         self.outbox.close()
-
-    def drain(self):  # noqa: ANN201 - a generator of CoordinatorMessage
-        """Yield queued messages (heartbeats first) until the session is closed."""
-        yield from self.outbox

@@ -18,7 +18,7 @@ class Outbox:
     In one queue a heartbeat, with the loss counts it carries, waited behind every chunk of
     the transfer in progress: 100 MB of FP16 gradients on a 20 Mbit/s link would leave the
     coordinator's monitor without them for 40 s. Now it waits for what gRPC and the socket
-    already hold (6 of 40 queued 1 MB chunks on loopback, where it waited for all 40;
+    already hold (6-8 of 40 queued 1 MB chunks on loopback, where it waited for all 40;
     ``tests/monitor/test_monitor_heartbeats.py``). TCP still delivers in order: on a lossy
     link a heartbeat waits out the retransmission of the bytes ahead of it, which is why
     round trips travel on the probe instead (``coordinator/probe.py``). Overtaking is safe:
