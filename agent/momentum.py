@@ -24,7 +24,7 @@ class MomentumCorrection:
     coordinate again with stale momentum. That includes the tensors Top-k sends whole
     (biases, norms), which so take plain SGD steps. DGC's own code keeps momentum on the
     tensors it does not compress; measured here, that put Top-k 1 % at +1.83 % of FP32's
-    final loss against +0.14 % masked (README, Figures); presumably the masked small
+    final loss against +0.14 % masked (docs/decisions/momentum-of-whole-tensors.md); presumably the masked small
     tensors do not run ahead of the large ones, whose coordinates Top-k delays. Dense
     codecs send every coordinate every round and leave the velocity alone (momentum SGD).
     """

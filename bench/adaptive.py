@@ -15,11 +15,12 @@ lines). The clock starts when round 0 opens; the schedule, when it closes.
 The federation runs ``--exchange gradient`` by default (Deep Gradient Compression's
 setting: one momentum-SGD step per round, ``--local-steps 1``), the exchange in which
 the codecs trade off on this task: on 2 CPU cores an FP16 round is the fastest on the
-near link and the slowest on the far one (README, Figures, has the per-round times).
+near link and the slowest on the far one (docs/compression.md#what-the-policy-achieves
+and its runs under bench/results/ have the per-round times).
 Under ``--exchange delta`` (4 local AdamW steps, target 2.0) FP16 has the fastest near
 rounds and Top-k (at that exchange's 5 % default) and EC-SGD the fast far ones; Top-k
 needs the fewest rounds, about the same on every seed, while FP16's and EC-SGD's move
-with the seed (README, Figures).
+with the seed (docs/compression.md#what-the-policy-achieves).
 
 The target is the **held-out** loss (``task.eval_loss``) of the coordinator's weights,
 which it checkpoints after every round, **averaged over the last 10 rounds**: the bench

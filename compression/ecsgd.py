@@ -41,7 +41,7 @@ class EcSgd(Codec):
       2.5 at 4 bits (step 0.335 sigma). Scaling by the block's peak instead makes the
       step as large as the biggest element, which the residual makes stand out: 2 bits
       ended 8.4 % above FP32 in ``bench/convergence.py`` that way, within 1 % of it
-      clipped (README, Figures). ``clip=0`` scales by the peak.
+      clipped (docs/decisions/ecsgd-block-scale.md). ``clip=0`` scales by the peak.
     - 1 bit: the scaled sign of EF-SGD (Karimireddy, Rebjock, Stich and Jaggi, ICML 2019):
       ``s = mean|p_B|``, ``D(q) = s sign(p)``; biased, which the error feedback corrects.
 

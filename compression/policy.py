@@ -43,15 +43,15 @@ MODES = ("table", "cost")
 # where AdamW's updates are not. At the codec's 1.5 (2 bits) the clipped outliers wait in
 # the residual while the velocity keeps pushing them, and training diverged; with the
 # block's peak as scale one outlier coarsens its whole block (+7.7 % on one seed); 4 RMS
-# clips only the outliers (bench/convergence.py --exchange gradient; README, Figures).
+# clips only the outliers (docs/decisions/ecsgd-block-scale.md).
 GRADIENT_ECSGD_CLIP = 4.0
 
 # Top-k's density by exchange. Under ``delta`` a site sends the change over several AdamW
 # steps, whose energy is spread evenly (the largest 1 % carries a quarter of it), so 1 %
 # held most of each update back and ended 5.1 % above FP32; 5 % ended 3.0 % below it and
-# reached the adaptive bench's target in 70-76 rounds against 91-96 (bench/convergence.py,
-# bench/adaptive.py; README, Figures). Raw gradients (``gradient``) concentrate their
-# energy, and 1 % is Deep Gradient Compression's setting, within 0.2 % of FP32 there.
+# reached the adaptive bench's target in 70-76 rounds against 91-96
+# (docs/decisions/topk-density-under-delta.md). Raw gradients (``gradient``) concentrate
+# their energy, and 1 % is Deep Gradient Compression's setting, within 0.2 % of FP32 there.
 DELTA_TOPK_DENSITY = 0.05
 GRADIENT_TOPK_DENSITY = 0.01
 
@@ -319,7 +319,7 @@ def profile_codecs(
     together, then every payload decoded.
 
     One flat tensor of the model's size timed Top-k at 1.3 + 0.5 ms (encode + decode)
-    where the lab's near rounds measured it ~45 ms slower than FP16's (README, Figures):
+    where the lab's near rounds measured it ~45 ms slower than FP16's (docs/decisions/cost-profile-flat-tensor.md):
     the per-tensor work (the plan, one payload per tensor, the residual) is most of a
     small model's codec time, and a flat tensor has none of it.
     """

@@ -137,7 +137,8 @@ class TopK(Codec):
 
         Per-tensor top-k makes a tensor whose update is small and flat send as much as one
         whose update matters; one threshold moved Top-k 1 %'s final loss from +3.37 % to
-        +1.92 % of FP32's on the same three seeds (README, Figures). ``t`` is the ``k``-th
+        +1.92 % of FP32's on the same three seeds (docs/decisions/topk-threshold-per-tensor.md).
+        ``t`` is the ``k``-th
         magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set.
         Tensors under ``dense_below`` still go whole.
         """
@@ -164,7 +165,8 @@ class TopK(Codec):
         The mean of ``senders`` top-k uplinks has up to ``senders * k`` non-zeros. Cutting
         it back to ``k`` parks most of what the agents sent in the coordinator's residual
         for rounds, which cost as much convergence as the uplink's own sparsification
-        (README, Figures); Deep Gradient Compression's all-gather likewise delivers every
+        (docs/decisions/downlink-density.md); Deep Gradient Compression's all-gather
+        likewise delivers every
         worker's ``k`` to every worker.
         """
         density = min(1.0, self.density * max(1, senders))

@@ -34,7 +34,8 @@ class CoordinatorConfig:
     seed: int = 0
     """Seed of the initial weights and of the downlink's stochastic rounding (EC-SGD)."""
     min_agents: int = 1
-    """Agents that must be connected before round 0 opens."""
+    """Agents that must be connected before round 0 opens (and, after a restart, before the
+    first round opens)."""
     quorum: int = 1
     """Contributions that let a round close once its deadline has passed."""
     round_deadline_s: float = 30.0
@@ -48,7 +49,7 @@ class CoordinatorConfig:
     their ``local_steps`` steps of the task's optimizer (a pseudo-gradient). ``gradient``:
     Deep Gradient Compression's exchange, one momentum-SGD step per round with the velocity
     kept on each site before compression (momentum correction) and masked where Top-k sent
-    (``skyfed.agent.momentum``); where Top-k loses least (README, Figures)."""
+    (``skyfed.agent.momentum``); where Top-k loses least (docs/protocol.md)."""
     sgd_lr: float = 0.1
     """``exchange = "gradient"``: the SGD step size."""
     sgd_momentum: float = 0.9
@@ -75,7 +76,8 @@ class CoordinatorConfig:
     final_wait_s: float = 30.0
     """After the last round, how long to wait for agents to close their streams (each does
     once it has applied that round) before the coordinator stops; on a slow link the final
-    broadcast takes a while."""
+    broadcast takes a while. An agent that connects meanwhile gets the final weights and
+    stops."""
     port_file: Path | None = None
     """Write the bound port here once serving (for port 0)."""
     status_file: Path | None = None

@@ -87,7 +87,7 @@ def test_topk_restarts_the_velocity_of_what_it_sent_and_dense_codecs_keep_it(cod
         elif sent.numel() >= 1024:  # sent sparsely: what went restarts, the rest goes on
             assert 0 < int(went.sum()) < sent.numel(), info.name
             assert u[went].eq(0).all() and u[~went].ne(0).any(), info.name
-        else:  # biases go whole, and restart too (README, Figures: +0.14 % vs +1.83 %)
+        else:  # biases go whole, and restart too (docs/decisions/momentum-of-whole-tensors.md)
             assert went.float().mean() > 0.5 and u[went].eq(0).all(), info.name
 
 

@@ -75,3 +75,35 @@ def test_every_docs_page_is_on_the_map():
 def test_link_checker_catches_a_dangling_link(tmp_path):
     (tmp_path / "a.md").write_text("# Title\n\nsee [b](b.md), [t](#title), [x](#nope)\n")
     assert broken(tmp_path / "a.md") == ["b.md (no such file)", "#nope (no heading #nope in a.md)"]
+
+
+def python_sources() -> list[Path]:
+    skip = {".venv", ".git", "build", "node_modules"}
+    return [
+        p
+        for p in sorted(ROOT.rglob("*.py"))
+        if not skip & set(p.relative_to(ROOT).parts) and not p.name.endswith("_pb2.py")
+    ]
+
+
+def test_code_points_at_docs_pages_not_readme_sections():
+    word = "READ" + "ME"  # spelt in two, so this line is not a hit itself
+    pointer = re.compile(rf"\({word}\b|{word}, [A-Z]|{word}'s \"")
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in python_sources()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pointer.search(line)
+    ]
+    assert not hits, f"point these at a docs/ page instead of a README section: {hits}"
+
+
+def test_docs_pages_named_in_code_exist():
+    named = re.compile(r"docs/[\w./-]+\.md")
+    missing = [
+        f"{p.relative_to(ROOT)}: {path}"
+        for p in python_sources()
+        for path in named.findall(p.read_text())
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, f"code names docs pages that do not exist: {missing}"
