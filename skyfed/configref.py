@@ -102,10 +102,14 @@ def source_folders(root: Path = ROOT) -> dict[str, Path]:
 
 def find_configs(root: Path = ROOT) -> list[ConfigDoc]:
     """Every ``*Config`` dataclass in the package, in :data:`HOW_SET` order, then by name."""
-    found = []
+    found, seen = [], set()
     for package, folder in source_folders(root).items():
-        for path in sorted(folder.glob("*.py")):
-            module = f"{package}.{path.stem}"
+        for path in sorted(folder.rglob("*.py")):
+            if path in seen:
+                continue
+            seen.add(path)
+            parts = path.relative_to(folder).with_suffix("").parts
+            module = ".".join([package, *parts[: -1 if parts[-1] == "__init__" else None]])
             tree = ast.parse(path.read_text(), filename=str(path))
             for node in tree.body:
                 if isinstance(node, ast.ClassDef) and _is_config(node):
