@@ -29,7 +29,7 @@ HOW_SET = {
         "`coordinator serve`",
         "TOML file (`--config FILE`, keys are the field names), then environment variables "
         "`SKYFED_COORDINATOR_<FIELD>`, then the flags given on the command line "
-        "(`coordinator serve --help` shows them with their defaults).",
+        "(`coordinator serve --help` lists them; their defaults are the ones below).",
     ),
     "PolicyConfig": (
         "the link policy",
@@ -44,7 +44,7 @@ HOW_SET = {
         "`agent start`",
         "TOML file (`--config FILE`, keys are the field names), then environment variables "
         "`SKYFED_AGENT_<FIELD>`, then the flags given on the command line "
-        "(`agent start --help` shows them with their defaults).",
+        "(`agent start --help` lists them; their defaults are the ones below).",
     ),
     "DemoConfig": ("`skyfed demo`", "Flags of `skyfed demo` (`skyfed demo --help`)."),
     "CharTaskConfig": (
@@ -186,7 +186,12 @@ def _one_paragraph(doc: str) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Text safe in a table cell: pipes escaped, and ``<`` ``>`` outside code spans made
+    entities, so ``<name>.crt`` is not read as an HTML tag."""
+    pieces = text.split("`")
+    for i in range(0, len(pieces), 2):  # even pieces lie outside code spans
+        pieces[i] = pieces[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(pieces).replace("|", "\\|")
 
 
 def render(configs: list[ConfigDoc]) -> str:
