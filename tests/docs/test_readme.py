@@ -1,5 +1,6 @@
 """The README stays the front door: short, with the two commands that CI and a newcomer run."""
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,3 +21,14 @@ def test_the_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install torch==2.13.0 -e ".[test]"' in ci
     assert "python -m pytest" in ci
+
+
+def test_the_readme_demo_output_has_the_rows_the_demo_prints():
+    block = README.split("## The demo", 1)[1].split("```", 2)[1]
+    shown = [line.split("│")[0].strip() for line in block.splitlines() if "│" in line]
+    source = (ROOT / "skyfed" / "demo.py").read_text()
+    printed = {label.strip() for label in re.findall(r'add_row\(\s*f?"([^"{]+)', source)}
+    unknown = [label for label in shown if label not in printed and label.split()[0] not in printed]
+    assert shown and not unknown, (
+        f"README's demo output shows rows the demo no longer prints: {unknown}"
+    )
