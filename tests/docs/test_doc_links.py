@@ -107,3 +107,10 @@ def test_docs_pages_named_in_code_exist():
         if not (ROOT / path).exists()
     ]
     assert not missing, f"code names docs pages that do not exist: {missing}"
+
+
+def test_every_measured_run_is_listed_in_results_md():
+    listed = {(DOCS / t.partition("#")[0]).resolve() for t in links(DOCS / "results.md")}
+    runs = sorted(ROOT.glob("bench/results/*.md"))
+    missing = [str(p.relative_to(ROOT)) for p in runs if p.resolve() not in listed]
+    assert not missing, f"runs not listed in docs/results.md (add a row for each): {missing}"
