@@ -20,7 +20,7 @@ from skyfed.agent.uplink import Uplink
 from skyfed.compression import decode_payload, rounding_seed
 from skyfed.compression.spec import codec_from_spec
 from skyfed.fingerprint import TensorInfo
-from skyfed.proto.chunks import Payload
+from skyfed.wire import Payload
 
 
 class RankGroup(Protocol):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -303,12 +304,26 @@ def _nearest(state: PolicyState, order: list[str], ladder: tuple[str, ...]) -> i
     return max((i for i, n in enumerate(ladder) if order.index(n) <= weight), default=0)
 
 
+HEAVINESS = ("fp32", "bf16", "fp16", "topk", "ecsgd")
+"""Every codec, lightest compression first: the one ranking of codecs, which the policy's
+ladder follows where no measured ratio orders it, and the downlink takes the heaviest of."""
+
+
+def heaviness(name: str) -> int:
+    """``name``'s place in :data:`HEAVINESS` (0 for a codec not ranked)."""
+    return HEAVINESS.index(name) if name in HEAVINESS else 0
+
+
+def heaviest(names: Iterable[str]) -> str:
+    """The most compressing of ``names`` (the first of equals)."""
+    return max(names, key=heaviness)
+
+
 def _order(config: PolicyConfig, profiles: dict[str, CodecProfile] | None) -> list[str]:
     """Every codec the policy may pick, lightest compression first."""
     names = set(config.ladder) | set(profiles or {})
     ratio = {p.name: p.ratio for p in (profiles or {}).values()}
-    rank = {n: i for i, n in enumerate(config.ladder)}
-    return sorted(names, key=lambda n: (ratio.get(n, 0.0), rank.get(n, 0), n))
+    return sorted(names, key=lambda n: (ratio.get(n, 0.0), heaviness(n), n))
 
 
 def profile_codecs(

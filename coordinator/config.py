@@ -10,7 +10,7 @@ from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
-from skyfed.proto.serde import EXCHANGES
+from skyfed.wire import EXCHANGES
 
 
 @dataclass(kw_only=True, slots=True)

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,9 +19,10 @@ from rich.table import Table
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
+from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.serde import EXCHANGES
+from skyfed.proto import serde
+from skyfed.wire import EXCHANGES
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -55,7 +55,7 @@ class DemoConfig:
 
 @dataclass(slots=True)
 class DemoResult:
-    status: pb.StatusReply
+    status: Status
     reports: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -124,7 +124,7 @@ def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
 
 def _watch(
     kids: Children, config: DemoConfig, work: Path, address: str, console: Console, started: float
-) -> pb.StatusReply:
+) -> Status:
     """Live progress from ``Status``; the final figures come from the coordinator's file."""
     progress = Progress(
         TextColumn("[bold]rounds"),
@@ -154,7 +154,7 @@ def _watch(
         raise RuntimeError(
             f"coordinator exited with {coordinator.returncode}:\n{kids.log('coordinator')[-2000:]}"
         )
-    final = json_format.Parse((work / "status.json").read_text(), pb.StatusReply())
+    final = serde.status_from_json((work / "status.json").read_text())
     progress.update(task, completed=len(final.rounds))
     return final
 
