@@ -15,7 +15,7 @@ from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, decode_payload
-from skyfed.compression.spec import codec_from_spec, parse_spec, wire_spec
+from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut_all
@@ -145,7 +145,9 @@ class Agent:
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
         assert isinstance(welcome, Welcome)
-        self.codec = _checked_codec(wire_spec(welcome.codec, welcome.codec_params))
+        self.codec = self._checked_codec(
+            welcome.round, wire_spec(welcome.codec, welcome.codec_params)
+        )
         exchange = welcome.exchange or "delta"  # a coordinator from before the field
         if exchange not in EXCHANGES:  # a coordinator newer than this agent
             raise LinkClosed(grpc.StatusCode.FAILED_PRECONDITION, f"unknown exchange {exchange!r}")
@@ -269,7 +271,7 @@ class Agent:
         spec = wire_spec(end.codec, end.codec_params)
         if spec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
-            self.codec = _checked_codec(spec)
+            self.codec = self._checked_codec(end.round + 1, spec)
         self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
@@ -322,6 +324,15 @@ class Agent:
                 raise ProtocolError(f"expected {names}, got {type(message).__name__}")
         raise LinkClosed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no {names} within {timeout} s")
 
+    def _checked_codec(self, round: int, spec: str) -> str:
+        """A codec spec we can build (the site builds it for ``round`` now, once), or a
+        resync: never a crash in the middle of a round."""
+        try:
+            self.site.codec(round, spec)
+        except ValueError as exc:
+            raise Resync(f"the coordinator named a codec this agent cannot build: {exc}") from exc
+        return spec
+
     def _write_report(self, digest: str) -> None:
         if self.config.report is None:
             return
@@ -337,12 +348,3 @@ class Agent:
             "codec": parse_spec(self.codec)[0],
         }
         write_text_atomic(self.config.report, json.dumps(report, indent=1))
-
-
-def _checked_codec(spec: str) -> str:
-    """A codec spec we can build, or a resync: never a crash in the middle of a round."""
-    try:
-        codec_from_spec(spec)
-    except ValueError as exc:
-        raise Resync(f"the coordinator named a codec this agent cannot build: {exc}") from exc
-    return spec

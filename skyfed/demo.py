@@ -22,6 +22,7 @@ from skyfed.coordinator.admin import agents_table, fetch_status
 from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import serde
+from skyfed.validate import require
 from skyfed.wire import EXCHANGES
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -45,12 +46,9 @@ class DemoConfig:
     """Give up if the run takes longer than this."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if self.local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
-        if self.exchange not in EXCHANGES:
-            raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
+        require("demo", self.rounds >= 1, "rounds", self.rounds, ">= 1")
+        require("demo", self.local_steps >= 1, "local_steps", self.local_steps, ">= 1")
+        require("demo", self.exchange in EXCHANGES, "exchange", self.exchange, f"in {EXCHANGES}")
 
 
 @dataclass(slots=True)
