@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from skyfed.compression.monitor import Window
+
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
     from skyfed.coordinator.session import Session
@@ -29,18 +31,6 @@ class RoundStats:
 
 
 @dataclass(frozen=True, slots=True)
-class LinkWindow:
-    """One closed window of a link's monitor (for plots)."""
-
-    start_s: float
-    rtt_ms: float
-    jitter_ms: float
-    probes: int
-    probes_lost: int
-    goodput_mbit: float
-
-
-@dataclass(frozen=True, slots=True)
 class AgentStatus:
     cloud: str
     name: str
@@ -56,7 +46,8 @@ class AgentStatus:
     loss_pct: float
     jitter_ms: float
     goodput_mbit: float
-    windows: list[LinkWindow] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    """The link monitor's closed windows, oldest first (only when asked for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +97,8 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
     )
 
 
-def _windows(fed: Federation, session: Session) -> list[LinkWindow]:
+def _windows(fed: Federation, session: Session) -> list[Window]:
     link = fed.links.get(session)
     if link is None:
         return []
-    return [
-        LinkWindow(w.start_s, w.rtt_ms, w.jitter_ms, w.probes, w.probes_lost, w.goodput_mbit)
-        for w in link.monitor.window_log
-    ]
+    return list(link.monitor.window_log)

@@ -1,16 +1,22 @@
 """Every conversion between protobuf messages and our own objects, in one place.
 
 The rest of skyfed works on the dataclasses of ``skyfed/wire.py`` and
-``coordinator/status.py``; the servicer and the agent's link call these at the stream.
+``coordinator/status.py``; the servicer, the agent's link and the admin client call these
+at the stream. Our field names are the messages' own, so most conversions copy by name
+(:func:`_to_proto`, :func:`_from_proto`) and say only what differs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
-from skyfed.coordinator.status import AgentStatus, LinkWindow, RoundStats, Status
+from skyfed.compression.monitor import Window
+from skyfed.coordinator.status import AgentStatus, RoundStats, Status
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 from skyfed.wire import (
@@ -27,6 +33,20 @@ from skyfed.wire import (
     WeightsEnd,
     Welcome,
 )
+
+
+def _to_proto(message: type[Message], obj: Any, **differ: Any) -> Any:
+    """``message`` with every field of ``obj`` it shares by name; ``differ`` overrides."""
+    known = message.DESCRIPTOR.fields_by_name
+    values = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name in known}
+    return message(**{**values, **differ})
+
+
+def _from_proto(cls: Any, message: Message, **differ: Any) -> Any:
+    """A ``cls`` from every field of ``message`` it shares by name; ``differ`` overrides."""
+    known = message.DESCRIPTOR.fields_by_name
+    shared = [f.name for f in fields(cls) if f.name in known and f.name not in differ]
+    return cls(**{n: getattr(message, n) for n in shared}, **differ)
 
 
 def specs_to_proto(spec: Sequence[TensorInfo]) -> list[pb.TensorSpec]:
@@ -47,83 +67,25 @@ def shard_from_proto(chunk: pb.Chunk) -> ShardCoords:
     return (chunk.shard.dim, chunk.shard.offset, chunk.shard.length)
 
 
-# ---- chunks --------------------------------------------------------------------------------
-
-
 def chunk_to_proto(c: Chunk) -> pb.Chunk:
-    return pb.Chunk(
-        kind=c.kind,
-        round=c.round,
-        tensor=c.tensor,
-        shard=shard_to_proto(c.shard),
-        codec=c.codec,
-        seq=c.seq,
-        part=c.part,
-        parts=c.parts,
-        data=c.data,
-        crc32=c.crc32,
-    )
+    return _to_proto(pb.Chunk, c, shard=shard_to_proto(c.shard))
 
 
 def chunk_from_proto(c: pb.Chunk) -> Chunk:
-    return Chunk(
-        kind=c.kind,
-        round=c.round,
-        tensor=c.tensor,
-        shard=shard_from_proto(c),
-        codec=c.codec,
-        seq=c.seq,
-        part=c.part,
-        parts=c.parts,
-        data=c.data,
-        crc32=c.crc32,
-    )
+    return _from_proto(Chunk, c, shard=shard_from_proto(c))
 
 
-# ---- agent messages ------------------------------------------------------------------------
-
-
-def heartbeat_to_proto(h: Heartbeat) -> pb.Heartbeat:
-    return pb.Heartbeat(
-        sent_ns=h.sent_ns,
-        echo_ns=h.echo_ns,
-        rtt_ms=h.rtt_ms,
-        probes_settled=h.probes_settled,
-        probes_lost=h.probes_lost,
-    )
-
-
-def heartbeat_from_proto(h: pb.Heartbeat) -> Heartbeat:
-    return Heartbeat(h.sent_ns, h.echo_ns, h.rtt_ms, h.probes_settled, h.probes_lost)
+# ---- the session stream --------------------------------------------------------------------
 
 
 def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     if isinstance(m, Chunk):
         return pb.AgentMessage(chunk=chunk_to_proto(m))
     if isinstance(m, Heartbeat):
-        return pb.AgentMessage(heartbeat=heartbeat_to_proto(m))
+        return pb.AgentMessage(heartbeat=_to_proto(pb.Heartbeat, m))
     if isinstance(m, Announce):
-        header = pb.Contribution(
-            round=m.round,
-            chunks=m.chunks,
-            samples=m.samples,
-            loss=m.loss,
-            train_s=m.train_s,
-            raw_bytes=m.raw_bytes,
-        )
-        return pb.AgentMessage(contribution=header)
-    hello = pb.Hello(
-        cloud=m.cloud,
-        name=m.name,
-        task=m.task,
-        tensors=specs_to_proto(m.tensors),
-        tp=m.tp,
-        codecs=list(m.codecs),
-        last_round=m.last_round,
-        weights_digest=m.weights_digest,
-        exchanges=list(m.exchanges),
-    )
-    return pb.AgentMessage(hello=hello)
+        return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m))
+    return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
 def agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
@@ -132,42 +94,23 @@ def agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
     if kind == "chunk":
         return chunk_from_proto(m.chunk)
     if kind == "heartbeat":
-        return heartbeat_from_proto(m.heartbeat)
+        return _from_proto(Heartbeat, m.heartbeat)
     if kind == "contribution":
-        c = m.contribution
-        return Announce(c.round, c.chunks, c.samples, c.loss, c.train_s, c.raw_bytes)
+        return _from_proto(Announce, m.contribution)
     if kind == "hello":
         h = m.hello
-        return Hello(
-            cloud=h.cloud,
-            name=h.name,
-            task=h.task,
+        return _from_proto(
+            Hello,
+            h,
             tensors=specs_from_proto(h.tensors),
-            tp=h.tp,
             codecs=tuple(h.codecs),
-            last_round=h.last_round,
-            weights_digest=h.weights_digest,
             exchanges=tuple(h.exchanges),
         )
     return None
 
 
-# ---- coordinator messages ------------------------------------------------------------------
-
-
 def _welcome_to_proto(w: Welcome) -> pb.Welcome:
-    out = pb.Welcome(
-        round=w.round,
-        weights_follow=w.weights_follow,
-        codec=w.codec,
-        codec_params=w.codec_params,
-        max_chunk_bytes=w.max_chunk_bytes,
-        heartbeat_ms=w.heartbeat_ms,
-        identity=w.identity,
-        exchange=w.exchange,
-        sgd_lr=w.sgd_lr,
-        sgd_momentum=w.sgd_momentum,
-    )
+    out = _to_proto(pb.Welcome, w)
     if w.probe is not None:
         out.probe_port, out.probe_key, out.probe_id = w.probe.port, w.probe.key, w.probe.probe_id
         out.probe_interval_ms = w.probe.interval_ms
@@ -178,47 +121,25 @@ def _welcome_from_proto(w: pb.Welcome) -> Welcome:
     probe = None
     if w.probe_port:
         probe = ProbeOffer(w.probe_port, w.probe_key, w.probe_id, w.probe_interval_ms)
-    return Welcome(
-        round=w.round,
-        weights_follow=w.weights_follow,
-        codec=w.codec,
-        codec_params=w.codec_params,
-        max_chunk_bytes=w.max_chunk_bytes,
-        heartbeat_ms=w.heartbeat_ms,
-        identity=w.identity,
-        exchange=w.exchange,
-        sgd_lr=w.sgd_lr,
-        sgd_momentum=w.sgd_momentum,
-        probe=probe,
-    )
+    return _from_proto(Welcome, w, probe=probe)
+
+
+# Our coordinator messages, the ``CoordinatorMessage.body`` field each travels in, its type.
+_BODIES: dict[type, tuple[str, type[Message]]] = {
+    Receipt: ("receipt", pb.Receipt),
+    RoundEnd: ("round_end", pb.RoundEnd),
+    WeightsEnd: ("weights_end", pb.WeightsEnd),
+    Heartbeat: ("heartbeat", pb.Heartbeat),
+}
 
 
 def coordinator_message_to_proto(m: CoordinatorMessage) -> pb.CoordinatorMessage:
     if isinstance(m, Chunk):
         return pb.CoordinatorMessage(chunk=chunk_to_proto(m))
-    if isinstance(m, Heartbeat):
-        return pb.CoordinatorMessage(heartbeat=heartbeat_to_proto(m))
-    if isinstance(m, Receipt):
-        receipt = pb.Receipt(round=m.round, accepted=m.accepted, code=m.code, message=m.message)
-        return pb.CoordinatorMessage(receipt=receipt)
-    if isinstance(m, RoundEnd):
-        end = pb.RoundEnd(
-            round=m.round,
-            chunks=m.chunks,
-            weights_digest=m.weights_digest,
-            contributors=m.contributors,
-            mean_loss=m.mean_loss,
-            codec=m.codec,
-            codec_params=m.codec_params,
-            final=m.final,
-        )
-        return pb.CoordinatorMessage(round_end=end)
-    if isinstance(m, WeightsEnd):
-        weights_end = pb.WeightsEnd(
-            round=m.round, chunks=m.chunks, weights_digest=m.weights_digest, final=m.final
-        )
-        return pb.CoordinatorMessage(weights_end=weights_end)
-    return pb.CoordinatorMessage(welcome=_welcome_to_proto(m))
+    if isinstance(m, Welcome):
+        return pb.CoordinatorMessage(welcome=_welcome_to_proto(m))
+    body, inner = _BODIES[type(m)]
+    return pb.CoordinatorMessage(**{body: _to_proto(inner, m)})
 
 
 def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessage | None:
@@ -226,28 +147,11 @@ def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessa
     kind = m.WhichOneof("body")
     if kind == "chunk":
         return chunk_from_proto(m.chunk)
-    if kind == "heartbeat":
-        return heartbeat_from_proto(m.heartbeat)
-    if kind == "receipt":
-        r = m.receipt
-        return Receipt(r.round, r.accepted, r.code, r.message)
-    if kind == "round_end":
-        e = m.round_end
-        return RoundEnd(
-            e.round,
-            e.chunks,
-            e.weights_digest,
-            e.contributors,
-            e.mean_loss,
-            e.codec,
-            e.codec_params,
-            e.final,
-        )
-    if kind == "weights_end":
-        e = m.weights_end
-        return WeightsEnd(e.round, e.chunks, e.weights_digest, e.final)
     if kind == "welcome":
         return _welcome_from_proto(m.welcome)
+    for cls, (body, _) in _BODIES.items():
+        if body == kind:
+            return _from_proto(cls, getattr(m, body))
     return None
 
 
@@ -261,111 +165,20 @@ def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage) -> int:
 
 def status_to_proto(s: Status) -> pb.StatusReply:
     agents = [
-        pb.AgentStatus(
-            cloud=a.cloud,
-            name=a.name,
-            state=a.state,
-            last_round=a.last_round,
-            codec=a.codec,
-            rtt_ms=a.rtt_ms,
-            bytes_up=a.bytes_up,
-            bytes_down=a.bytes_down,
-            connected_s=a.connected_s,
-            codec_switches=a.codec_switches,
-            refused=a.refused,
-            loss_pct=a.loss_pct,
-            jitter_ms=a.jitter_ms,
-            goodput_mbit=a.goodput_mbit,
-            windows=[
-                pb.LinkWindow(
-                    start_s=w.start_s,
-                    rtt_ms=w.rtt_ms,
-                    jitter_ms=w.jitter_ms,
-                    probes=w.probes,
-                    probes_lost=w.probes_lost,
-                    goodput_mbit=w.goodput_mbit,
-                )
-                for w in a.windows
-            ],
-        )
+        _to_proto(pb.AgentStatus, a, windows=[_to_proto(pb.LinkWindow, w) for w in a.windows])
         for a in s.agents
     ]
-    rounds = [
-        pb.RoundStat(
-            round=r.round,
-            duration_s=r.duration_s,
-            train_s=r.train_s,
-            contributors=r.contributors,
-            mean_loss=r.mean_loss,
-            bytes_up=r.bytes_up,
-            bytes_down=r.bytes_down,
-            raw_bytes_up=r.raw_bytes_up,
-            raw_bytes_down=r.raw_bytes_down,
-            downlink_codec=r.downlink_codec,
-        )
-        for r in s.rounds
-    ]
-    return pb.StatusReply(
-        round=s.round,
-        agents=agents,
-        weights_digest=s.weights_digest,
-        uptime_s=s.uptime_s,
-        rounds=rounds,
-        finished=s.finished,
-        exchange=s.exchange,
-    )
+    rounds = [_to_proto(pb.RoundStat, r) for r in s.rounds]
+    return _to_proto(pb.StatusReply, s, agents=agents, rounds=rounds)
 
 
 def status_from_proto(s: pb.StatusReply) -> Status:
     agents = [
-        AgentStatus(
-            cloud=a.cloud,
-            name=a.name,
-            state=a.state,
-            last_round=a.last_round,
-            codec=a.codec,
-            rtt_ms=a.rtt_ms,
-            bytes_up=a.bytes_up,
-            bytes_down=a.bytes_down,
-            connected_s=a.connected_s,
-            codec_switches=a.codec_switches,
-            refused=a.refused,
-            loss_pct=a.loss_pct,
-            jitter_ms=a.jitter_ms,
-            goodput_mbit=a.goodput_mbit,
-            windows=[
-                LinkWindow(
-                    w.start_s, w.rtt_ms, w.jitter_ms, w.probes, w.probes_lost, w.goodput_mbit
-                )
-                for w in a.windows
-            ],
-        )
+        _from_proto(AgentStatus, a, windows=[_from_proto(Window, w) for w in a.windows])
         for a in s.agents
     ]
-    rounds = [
-        RoundStats(
-            round=r.round,
-            duration_s=r.duration_s,
-            train_s=r.train_s,
-            contributors=r.contributors,
-            mean_loss=r.mean_loss,
-            bytes_up=r.bytes_up,
-            bytes_down=r.bytes_down,
-            raw_bytes_up=r.raw_bytes_up,
-            raw_bytes_down=r.raw_bytes_down,
-            downlink_codec=r.downlink_codec,
-        )
-        for r in s.rounds
-    ]
-    return Status(
-        round=s.round,
-        agents=agents,
-        weights_digest=s.weights_digest,
-        uptime_s=s.uptime_s,
-        rounds=rounds,
-        finished=s.finished,
-        exchange=s.exchange,
-    )
+    rounds = [_from_proto(RoundStats, r) for r in s.rounds]
+    return _from_proto(Status, s, agents=agents, rounds=rounds)
 
 
 def status_to_json(s: Status) -> str:
