@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.outer import OuterOptimizer, OuterSettings
+from skyfed.coordinator.server import run_server
+
+from ..conftest import RawAgent, credentials  # noqa: TID252 - shared helpers
+from .test_bad_input import contribution, deltas, join, send
 
 
 def rounds_of_means(n: int = 6, seed: int = 0) -> list[list[torch.Tensor]]:
@@ -68,3 +73,34 @@ def test_restored_momentum_resumes_the_same_trajectory():
 def test_a_bad_outer_option_names_itself(kind, lr, momentum, named):
     with pytest.raises(ValueError, match=named):
         OuterSettings.resolve(kind, lr, momentum)
+
+
+def rounds_through_a_coordinator(pki, ckpt, first: int, count: int) -> list[torch.Tensor]:
+    """Serve a Nesterov federation (real mTLS gRPC, checkpoints in ``ckpt``) for rounds
+    ``first .. first + count - 1`` of one agent's fixed contributions; its final weights."""
+    config = CoordinatorConfig(
+        listen="127.0.0.1:0",
+        certs=pki.directory,
+        codec="fp32",
+        outer_optimizer="nesterov",
+        checkpoint_dir=ckpt,
+    )
+    with run_server(config) as running:
+        agent = RawAgent(running.port, credentials(pki.directory, "aws-1"))
+        try:
+            join(agent, "aws", "aws-1")
+            for r in range(first, first + count):
+                send(agent, *contribution(deltas(r), round=r))
+                skip = ("heartbeat", "chunk", "weights_end", "receipt")
+                assert agent.expect("round_end", skip=skip).round_end.round == r
+        finally:
+            agent.close()
+        return [w.clone() for w in running.federation.weights]
+
+
+def test_the_outer_momentum_survives_a_coordinator_restart(pki, tmp_path):
+    straight = rounds_through_a_coordinator(pki, tmp_path / "straight", 0, 6)
+    rounds_through_a_coordinator(pki, tmp_path / "restarted", 0, 3)
+    resumed = rounds_through_a_coordinator(pki, tmp_path / "restarted", 3, 3)
+    for a, b in zip(straight, resumed, strict=True):
+        assert torch.equal(a, b)
