@@ -20,6 +20,8 @@ from rich.table import Table
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
+from skyfed.coordinator.admin import summary_table as run_summary
+from skyfed.coordinator.snapshot import to_data
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.serde import EXCHANGES
@@ -146,7 +148,7 @@ def _watch(
                 continue
             loss = f"{status.rounds[-1].mean_loss:.3f}" if status.rounds else "-"
             progress.update(task, completed=len(status.rounds), loss=loss)
-            live.update(Group(progress, agents_table(status)))
+            live.update(Group(progress, agents_table(to_data(status))))
             if status.finished:
                 break
             time.sleep(0.3)
@@ -160,39 +162,12 @@ def _watch(
 
 
 def summary_table(result: DemoResult) -> Table:
-    rounds = list(result.status.rounds)
-    n = max(1, len(rounds))
-    round_s = sum(r.duration_s for r in rounds) / n
-    train_s = sum(r.train_s for r in rounds) / n
-    up, raw_up = sum(r.bytes_up for r in rounds), sum(r.raw_bytes_up for r in rounds)
-    down, raw_down = sum(r.bytes_down for r in rounds), sum(r.raw_bytes_down for r in rounds)
-    table = Table(title="skyfed demo summary", show_header=False)
-    table.add_row("rounds", f"{len(rounds)} in {result.wall_s:.1f} s wall")
-    table.add_row(
-        "per round",
-        f"{round_s * 1000:.0f} ms = slowest agent's training {train_s * 1000:.0f} ms + exchange "
-        f"{max(0.0, round_s - train_s) * 1000:.0f} ms",
-    )
-    table.add_row(
-        "uplink",
-        f"{up / 1e6:.2f} MB on the wire, {raw_up / 1e6:.2f} MB as fp32 "
-        f"({raw_up / max(1, up):.1f}x smaller)",
-    )
-    table.add_row(
-        "downlink",
-        f"{down / 1e6:.2f} MB on the wire, {raw_down / 1e6:.2f} MB as fp32 "
-        f"({raw_down / max(1, down):.1f}x smaller)",
-    )
-    if rounds:
-        table.add_row(
-            "training loss",
-            f"{rounds[0].mean_loss:.3f} (round 0) -> {rounds[-1].mean_loss:.3f} "
-            f"(round {rounds[-1].round})",
-        )
+    table = run_summary(to_data(result.status), result.wall_s, title="skyfed demo summary")
     for name, rep in sorted(result.reports.items()):
         table.add_row(
             f"agent {name}", f"weights {rep['weights_digest'][:16]} after round {rep['round']}"
         )
-    table.add_row("coordinator", f"weights {result.status.weights_digest[:16]}")
     table.add_row("verdict", "all agents bit-identical" if result.identical else "AGENTS DIFFER")
+    if result.report is not None:
+        table.add_row("report", str(result.report))
     return table
