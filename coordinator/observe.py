@@ -74,6 +74,7 @@ class Observer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self.evaluator.join(eval_timeout_s)  # free the worker for the final round
         self.poll(final=True)
         self.evaluator.join(eval_timeout_s)
         for sink in self.sinks:

@@ -7,6 +7,7 @@ this module only wires them together, watches ``Status`` and prints the summary.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from skyfed.coordinator.snapshot import to_data
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.serde import EXCHANGES
+from skyfed.report import make_report
+from skyfed.report.data import load as load_run
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -60,6 +63,10 @@ class DemoResult:
     status: pb.StatusReply
     reports: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
+    report: Path | None = None
+    """The run report's page (``skyfed report``)."""
+    eval: dict | None = None
+    """The last held-out evaluation: ``{"round", "loss"}``."""
 
     @property
     def identical(self) -> bool:
@@ -68,20 +75,23 @@ class DemoResult:
 
 
 def run_demo(config: DemoConfig, console: Console) -> DemoResult:
+    """Run the demo; without a workdir, certificates and checkpoints go to a temporary
+    directory and only the run directory (history, status, report) is kept."""
     if config.workdir is None:
         with tempfile.TemporaryDirectory(prefix="skyfed-demo-") as tmp:
-            return _run(config, Path(tmp), console)
+            kept = Path(tempfile.mkdtemp(prefix="skyfed-demo-run-"))
+            return _run(config, Path(tmp), console, kept)
     config.workdir.mkdir(parents=True, exist_ok=True)
-    return _run(config, config.workdir, console)
+    return _run(config, config.workdir, console, config.workdir / "run")
 
 
-def _run(config: DemoConfig, work: Path, console: Console) -> DemoResult:
+def _run(config: DemoConfig, work: Path, console: Console, run_dir: Path) -> DemoResult:
     certs = work / "certs"
     if not (certs / "ca.crt").exists():
         make_federation(certs)
     started = time.monotonic()
     with children(work / "logs") as kids:
-        port = _start_coordinator(kids, config, work)
+        port = _start_coordinator(kids, config, work, run_dir)
         for i, cloud in enumerate(CLOUDS):
             flags = {
                 "--cloud": cloud,
@@ -95,7 +105,7 @@ def _run(config: DemoConfig, work: Path, console: Console) -> DemoResult:
             kids.start(
                 cloud, command("agent", "start", *(str(x) for kv in flags.items() for x in kv))
             )
-        status = _watch(kids, config, work, f"localhost:{port}", console, started)
+        status = _watch(kids, config, work, run_dir, f"localhost:{port}", console, started)
         for cloud in CLOUDS:
             kids.procs[cloud].wait(timeout=30)
     reports = {
@@ -103,17 +113,22 @@ def _run(config: DemoConfig, work: Path, console: Console) -> DemoResult:
         for c in CLOUDS
         if (work / f"{c}.json").exists()
     }
-    return DemoResult(status, reports, time.monotonic() - started)
+    result = DemoResult(status, reports, time.monotonic() - started)
+    result.report = make_report(run_dir)
+    evals = [e for e in load_run(run_dir).evals if math.isfinite(e["eval_loss"])]
+    if evals:
+        result.eval = {"round": evals[-1]["round"], "loss": evals[-1]["eval_loss"]}
+    return result
 
 
-def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
+def _start_coordinator(kids: Children, config: DemoConfig, work: Path, run_dir: Path) -> int:
     port_file = work / "coordinator.port"
     port_file.unlink(missing_ok=True)
     flags = {
         "--certs": work / "certs",
         "--listen": "127.0.0.1:0",
         "--port-file": port_file,
-        "--status-file": work / "status.json",
+        "--run-dir": run_dir,
         "--rounds": config.rounds,
         "--min-agents": len(CLOUDS),
         "--codec": config.codec,
@@ -125,7 +140,13 @@ def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
 
 
 def _watch(
-    kids: Children, config: DemoConfig, work: Path, address: str, console: Console, started: float
+    kids: Children,
+    config: DemoConfig,
+    work: Path,
+    run_dir: Path,
+    address: str,
+    console: Console,
+    started: float,
 ) -> pb.StatusReply:
     """Live progress from ``Status``; the final figures come from the coordinator's file."""
     progress = Progress(
@@ -156,13 +177,16 @@ def _watch(
         raise RuntimeError(
             f"coordinator exited with {coordinator.returncode}:\n{kids.log('coordinator')[-2000:]}"
         )
-    final = json_format.Parse((work / "status.json").read_text(), pb.StatusReply())
+    final = json_format.Parse((run_dir / "status.json").read_text(), pb.StatusReply())
     progress.update(task, completed=len(final.rounds))
     return final
 
 
 def summary_table(result: DemoResult) -> Table:
-    table = run_summary(to_data(result.status), result.wall_s, title="skyfed demo summary")
+    snap = to_data(result.status)
+    if result.eval is not None:
+        snap["eval"] = result.eval
+    table = run_summary(snap, result.wall_s, title="skyfed demo summary")
     for name, rep in sorted(result.reports.items()):
         table.add_row(
             f"agent {name}", f"weights {rep['weights_digest'][:16]} after round {rep['round']}"

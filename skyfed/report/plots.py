@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: the report is made on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from skyfed.report.data import RunData  # noqa: E402
 
@@ -37,6 +38,8 @@ CODEC_COLORS = {
     "topk": "#E69F00",
     "ecsgd": "#D55E00",
 }
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v")
 WIDTH_IN = 7.0  # a two-column figure's width, in inches
 
 
@@ -70,7 +73,7 @@ def _loss(data: RunData) -> plt.Figure:
         if ev_loss:
             ax.plot(ex, ev_loss, "o-", color=PALETTE[3], ms=3, label="held-out (canonical weights)")
     by_round.set(xlabel="round", ylabel="loss", title="Loss by round")
-    by_wall.set(xlabel="wall time (s)", title="Loss by wall time")
+    by_wall.set(xlabel="wall time since the coordinator started (s)", title="Loss by wall time")
     by_round.legend(loc="upper right")
     fig.tight_layout()
     return fig
@@ -94,58 +97,70 @@ def _time_split(data: RunData) -> plt.Figure:
 
 def _bytes(data: RunData) -> plt.Figure:
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH_IN, 2.6), sharey=True)
-    contributors = [max(1.0, c) for c in data.column("contributors")]
-    raw_up = [r / c for r, c in zip(data.column("raw_bytes_up"), contributors, strict=True)]
-    n_links = max(1, len(data.links))
-    raw_down = [r / n_links for r in data.column("raw_bytes_down")]
     rounds = data.column("round")
-    for ax, direction, raw in ((axes[0], "up", raw_up), (axes[1], "down", raw_down)):
-        for color, (name, link) in zip(PALETTE, data.links.items(), strict=False):
-            sent = [b / 1e6 for b in getattr(link, f"bytes_{direction}")]
-            ax.plot(link.rounds, sent, color=color, label=name, drawstyle="steps-mid")
-        ax.plot(rounds, [r / 1e6 for r in raw], color="grey", ls=":", label="as fp32 (raw)")
+    # Every link receives the whole model each round: its fp32 size is the raw reference.
+    links_per_round = [max(1, len(r.get("links", {}))) for r in data.rounds]
+    raw = [r / n / 1e6 for r, n in zip(data.column("raw_bytes_down"), links_per_round, strict=True)]
+    for ax, direction in ((axes[0], "up"), (axes[1], "down")):
+        for i, (name, link) in enumerate(data.links.items()):
+            sent = [b / 1e6 if b > 0 else math.nan for b in getattr(link, f"bytes_{direction}")]
+            ax.plot(
+                link.rounds,
+                sent,
+                color=PALETTE[i % len(PALETTE)],
+                ls=LINESTYLES[i % len(LINESTYLES)],
+                marker=MARKERS[i % len(MARKERS)],
+                ms=3,
+                label=name,
+            )
+        ax.plot(rounds, raw, color="grey", ls=":", lw=1, label="fp32 (uncompressed)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         label = "agent → coordinator" if direction == "up" else "coordinator → agent"
         ax.set(xlabel="round", title=f"{'Uplink' if direction == 'up' else 'Downlink'}: {label}")
-    axes[0].set_ylabel("MB per round per link")
-    axes[0].legend(loc="best")
+    axes[0].set_ylabel("MB per round per link (log)")
+    axes[1].legend(loc="best")
     fig.tight_layout()
     return fig
 
 
 def _links(data: RunData) -> plt.Figure:
     names = list(data.links) or ["(no links)"]
-    fig = plt.figure(figsize=(WIDTH_IN, 1.7 * len(names) + 0.5))
-    grid = fig.add_gridspec(2 * len(names), 1, height_ratios=[1, 5] * len(names), hspace=0.15)
-    shared = None
-    for i, name in enumerate(names):
+    fig = plt.figure(figsize=(WIDTH_IN, 1.9 * len(names) + 0.4), layout="constrained")
+    rows = fig.subfigures(len(names), 1, squeeze=False)[:, 0]
+    span = data.column("round")
+    xlim = (min(span, default=0) - 0.6, max(span, default=1) + 0.6)
+    for i, (row, name) in enumerate(zip(rows, names, strict=True)):
+        strip, ax = row.subplots(2, 1, sharex=True, height_ratios=[1, 5])
+        ax.set_xlim(*xlim)
+        row.suptitle(f"{name}", x=0.01, ha="left", fontsize=9, fontweight="bold")
         link = data.links.get(name)
-        strip = fig.add_subplot(grid[2 * i], sharex=shared)
-        ax = fig.add_subplot(grid[2 * i + 1], sharex=strip)
-        shared = shared or strip
         if link is not None:
             _codec_strip(strip, link.rounds, link.codec)
-            ax.plot(link.rounds, link.rtt_ms, color=PALETTE[0], label="RTT")
+            rtt = [v if v > 0 else math.nan for v in link.rtt_ms]  # 0: not measured yet
+            ax.plot(link.rounds, rtt, color=PALETTE[0], marker=".", ms=3)
             twin = ax.twinx()
-            twin.plot(link.rounds, link.loss_pct, color=PALETTE[3], ls="--", label="loss")
-            twin.set_ylabel("loss (%)", color=PALETTE[3])
-            twin.set_ylim(bottom=0)
+            twin.plot(link.rounds, link.loss_pct, color=PALETTE[3], ls="--")
+            twin.set_ylabel("probe loss (%)", color=PALETTE[3])
+            finite = [v for v in link.loss_pct if math.isfinite(v)]
+            twin.set_ylim(0, max(1.0, 1.2 * max(finite, default=0.0)))
             twin.grid(False)
             twin.spines["right"].set_visible(True)
-        strip.set_title(f"{name}: codec, RTT and probe loss", loc="left")
-        strip.set_yticks([])
-        strip.tick_params(labelbottom=False)
         ax.set_ylabel("RTT (ms)", color=PALETTE[0])
         ax.set_ylim(bottom=0)
-        if i < len(names) - 1:
-            ax.tick_params(labelbottom=False)
-    ax.set_xlabel("round")
-    used = sorted({c for s in data.links.values() for c in s.codec}, key=list(CODEC_COLORS).index)
+        ax.set_xlabel("round" if i == len(names) - 1 else "")
+    used = sorted(
+        {c for s in data.links.values() for c in s.codec},
+        key=lambda c: list(CODEC_COLORS).index(c) if c in CODEC_COLORS else len(CODEC_COLORS),
+    )
     fig.legend(
         handles=[Patch(color=CODEC_COLORS.get(c, "black"), label=c) for c in used],
-        loc="upper right",
-        ncol=len(used) or 1,
-        title="codec",
+        loc="outside upper right",
+        ncol=max(1, len(used)),
+        title="codec (band)",
+        fontsize=7,
     )
     return fig
 
@@ -161,6 +176,8 @@ def _codec_strip(ax: plt.Axes, rounds: list[int], codecs: list[str]) -> None:
             ax.text((start + end) / 2, 0.5, codec, ha="center", va="center", fontsize=6)
         i += n
     ax.set_ylim(0, 1)
+    ax.set_yticks([])
+    ax.tick_params(bottom=False, labelbottom=False)
     ax.grid(False)
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
