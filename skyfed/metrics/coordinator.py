@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from skyfed.compression import codec_names
 from skyfed.metrics.catalog import COORDINATOR, ROUND_BUCKETS_S
@@ -60,7 +61,10 @@ class RoundTally:
 
     def histogram(self) -> list[tuple[str, float]]:
         return [
-            *((f"{b:g}", float(n)) for b, n in zip(ROUND_BUCKETS_S, self.buckets, strict=True)),
+            *(
+                (floatToGoString(b), float(n))
+                for b, n in zip(ROUND_BUCKETS_S, self.buckets, strict=True)
+            ),
             ("+Inf", float(self.count)),
         ]
 
