@@ -63,3 +63,23 @@ def test_without_a_terminal_the_coordinator_logs_plain_lines(pki, reaped):
     assert "waiting for 3 agents, 0 connected" in log
     assert "\x1b[" not in log.split("skyfed run summary")[0]  # no live view's escapes
     assert proc.returncode == 0
+
+
+def test_status_watch_redraws_until_interrupted(serve, pki, reaped):
+    running = serve(min_agents=2)
+    argv = command(
+        "coordinator", "status", "--coordinator", f"localhost:{running.port}",
+        "--certs", str(pki.directory), "--watch", "--interval-s", "0.2",
+    )  # fmt: skip
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    try:
+        shown = read_until(leader, "exchange delta")  # the table's title, redrawn
+        shown += read_until(leader, "exchange delta")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, shown
+        assert "round 0" in shown
+    finally:
+        terminate(proc)
+        os.close(leader)
