@@ -1,4 +1,5 @@
-"""The admin side: calling ``Status`` over mTLS and showing it to a person.
+"""The admin side: calling ``Status`` over mTLS (an edge, like the agent's link) and
+showing it to a person.
 
 The tables take the status as plain data (``skyfed.coordinator.snapshot``), so the live
 view of ``coordinator serve``, ``coordinator status`` and the demo show the same thing.
@@ -16,24 +17,27 @@ from rich.console import Console
 from rich.table import Table
 
 from skyfed.coordinator.snapshot import to_data
+from skyfed.coordinator.status import Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
 
 Snapshot = dict[str, Any]
 
 
 def fetch_status(
     address: str, certs: Path, name: str, timeout_s: float = 5.0, windows: bool = False
-) -> pb.StatusReply:
+) -> Status:
     creds = grpc.ssl_channel_credentials(
         root_certificates=(certs / "ca.crt").read_bytes(),
         private_key=(certs / f"{name}.key").read_bytes(),
         certificate_chain=(certs / f"{name}.crt").read_bytes(),
     )
     with grpc.secure_channel(address, creds) as channel:
-        return pb_grpc.FederationStub(channel).Status(
+        reply = pb_grpc.FederationStub(channel).Status(
             pb.StatusRequest(windows=windows), timeout=timeout_s
         )
+    return serde.status_from_proto(reply)
 
 
 def fetch_snapshot(address: str, certs: Path, name: str, timeout_s: float = 5.0) -> Snapshot:
@@ -108,5 +112,5 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
     return table
 
 
-def render_status(reply: pb.StatusReply) -> None:
+def render_status(reply: Status) -> None:
     Console().print(agents_table(to_data(reply)))

@@ -17,10 +17,10 @@ from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.progress import LiveView, WatchLoop
 from skyfed.logs import FORMATS, setup_logging
+from skyfed.wire import EXCHANGES
 
 if TYPE_CHECKING:
     from skyfed.coordinator.server import Running
-from skyfed.proto.serde import EXCHANGES
 
 
 @click.group()
@@ -206,8 +206,8 @@ def status(
         return
     reply = fetch_status(address, certs, name, windows=windows)
     if as_json:
-        from google.protobuf.json_format import MessageToJson
+        from skyfed.proto.serde import status_to_json
 
-        click.echo(MessageToJson(reply))
+        click.echo(status_to_json(reply))
     else:
         render_status(reply)
