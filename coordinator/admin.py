@@ -103,10 +103,9 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
             f"{rounds[0]['mean_loss']:.3f} (round 0) -> {rounds[-1]['mean_loss']:.3f} "
             f"(round {rounds[-1]['round']})",
         )
-    evaluated = snap.get("eval")
-    if evaluated and math.isfinite(evaluated["loss"]):
+    if snap.get("eval_round", -1) >= 0 and math.isfinite(snap["eval_loss"]):
         table.add_row(
-            "held-out loss", f"{evaluated['loss']:.3f} (weights of round {evaluated['round']})"
+            "held-out loss", f"{snap['eval_loss']:.3f} (weights of round {snap['eval_round']})"
         )
     table.add_row("coordinator", f"weights {snap['weights_digest'][:16]}")
     return table

@@ -7,7 +7,6 @@ this module only wires them together, watches ``Status`` and prints the summary.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import serde
 from skyfed.report import make_report
-from skyfed.report.data import load as load_run
 from skyfed.validate import require
 from skyfed.wire import EXCHANGES
 
@@ -63,8 +61,6 @@ class DemoResult:
     wall_s: float = 0.0
     report: Path | None = None
     """The run report's page (``skyfed report``)."""
-    eval: dict | None = None
-    """The last held-out evaluation: ``{"round", "loss"}``."""
 
     @property
     def identical(self) -> bool:
@@ -113,9 +109,6 @@ def _run(config: DemoConfig, work: Path, console: Console, run_dir: Path) -> Dem
     }
     result = DemoResult(status, reports, time.monotonic() - started)
     result.report = make_report(run_dir)
-    evals = [e for e in load_run(run_dir).evals if math.isfinite(e["eval_loss"])]
-    if evals:
-        result.eval = {"round": evals[-1]["round"], "loss": evals[-1]["eval_loss"]}
     return result
 
 
@@ -181,10 +174,7 @@ def _watch(
 
 
 def summary_table(result: DemoResult) -> Table:
-    snap = to_data(result.status)
-    if result.eval is not None:
-        snap["eval"] = result.eval
-    table = run_summary(snap, result.wall_s, title="skyfed demo summary")
+    table = run_summary(to_data(result.status), result.wall_s, title="skyfed demo summary")
     for name, rep in sorted(result.reports.items()):
         table.add_row(
             f"agent {name}", f"weights {rep['weights_digest'][:16]} after round {rep['round']}"

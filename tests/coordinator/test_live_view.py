@@ -75,8 +75,8 @@ def test_status_watch_redraws_until_interrupted(serve, pki, reaped):
     proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     try:
-        shown = read_until(leader, "exchange delta")  # the table's title, redrawn
-        shown += read_until(leader, "exchange delta")
+        shown = read_until(leader, "waiting for 2 agents, 0 connected")
+        shown += read_until(leader, "exchange delta")  # the table under it
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0, shown
         assert "round 0" in shown

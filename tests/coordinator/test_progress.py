@@ -29,9 +29,7 @@ def test_a_waiting_coordinator_says_for_whom():
 
 def test_headline_gives_round_of_planned_and_eta():
     rounds = [{"round": r, "duration_s": 2.0, "mean_loss": 3.0} for r in range(10)]
-    line = headline(
-        snap(rounds=rounds, round=10, rounds_planned=40, eval={"round": 9, "loss": 2.5})
-    )
+    line = headline(snap(rounds=rounds, round=10, rounds_planned=40, eval_round=9, eval_loss=2.5))
     assert line.startswith("round 10 of 40 · 2.00 s/round · ETA 1:00 · loss 3.000")
     assert "held-out 2.500 (round 9)" in line
 

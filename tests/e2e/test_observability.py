@@ -148,9 +148,13 @@ def test_prometheus_scrapes_rounds_links_and_agents(run):
     } == set(run["targets"])
     rounds = promql(url, "max(last_over_time(skyfed_rounds_total[10m]))")
     assert float(rounds[0]["value"][1]) >= 1
-    up = promql(url, 'last_over_time(skyfed_link_bytes_total{direction="up",kind="wire"}[10m])')
-    assert {s["metric"]["agent"] for s in up} == {"aws-1", "gcp-1", "azure-1"}
-    assert all(float(s["value"][1]) > 0 for s in up)
+    for kind in ("wire", "raw"):
+        q = f'last_over_time(skyfed_link_bytes_total{{direction="up",kind="{kind}"}}[10m])'
+        up = promql(url, q)
+        assert {s["metric"]["agent"] for s in up} == {"aws-1", "gcp-1", "azure-1"}, kind
+        assert all(float(s["value"][1]) > 0 for s in up)
+    checkpoints = promql(url, "max(last_over_time(skyfed_checkpoints_total[10m]))")
+    assert float(checkpoints[0]["value"][1]) >= 1
     codec = promql(url, "last_over_time(skyfed_link_codec[10m]) == 1")
     assert {s["metric"]["agent"] for s in codec} == {"aws-1", "gcp-1", "azure-1"}
     histogram = promql(url, "max(last_over_time(skyfed_round_duration_seconds_count[10m]))")
@@ -167,6 +171,10 @@ def test_held_out_loss_is_recorded_and_scraped(run):
     assert {e["round"] for e in evals} >= {ROUNDS - 1}, evals  # the final weights
     assert all(0 < e["eval_loss"] < 10 for e in evals)
     assert set(rounds[-1]["links"]) == {"aws-1", "gcp-1", "azure-1"}
+    assert all(link["raw_bytes_down"] > 0 for link in rounds[-1]["links"].values())
+    status = json.loads((run["work"] / "run" / "status.json").read_text())
+    assert int(status["evalRound"]) == ROUNDS - 1 and status["evalLoss"] == evals[-1]["eval_loss"]
+    assert int(status["checkpoints"]) == ROUNDS
 
 
 def test_exported_model_loads_into_the_tasks_model(run):

@@ -48,9 +48,11 @@ def full_coordinator_exposition() -> str:
         "rounds": [rnd],
         "agents": [agent],
         "min_agents": 1,
-        "eval": {"round": 0, "loss": 2.0},
+        "eval_round": 0,
+        "eval_loss": 2.0,
         "refusals": {"ABORTED": 1},
-        "checkpoints": {"count": 1, "seconds": 0.1},
+        "checkpoints": 1,
+        "checkpoint_s": 0.1,
     }
     registry = CollectorRegistry()
     registry.register(CoordinatorCollector(lambda: snap))

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.metrics.catalog import COORDINATOR, of_role
 from skyfed.metrics.http import parse_listen
+from skyfed.proto import federation_pb2 as pb
 from tests.conftest import credentials
 
 
@@ -87,3 +88,17 @@ def test_grpc_health_needs_a_client_certificate(serve, pki):
         with pytest.raises(grpc.RpcError) as err:
             stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_refusals_are_counted_by_status_code(serve, pki, raw_agent):
+    running = serve(metrics_listen="127.0.0.1:0")
+    bad = raw_agent(running.port, "aws-1")
+    bad.send(chunk=pb.Chunk(round=0))  # before hello
+    assert bad.ended()[0] == grpc.StatusCode.INVALID_ARGUMENT
+    pki.revoke("gcp-1")
+    revoked = raw_agent(running.port, "gcp-1")
+    assert revoked.ended()[0] == grpc.StatusCode.UNAUTHENTICATED
+    _, text = get(running.metrics_port, "/metrics")
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "skyfed_refusals"]
+    counts = {s.labels["code"]: s.value for s in family.samples}
+    assert counts == {"INVALID_ARGUMENT": 1, "UNAUTHENTICATED": 1}
