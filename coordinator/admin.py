@@ -112,4 +112,7 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
 
 
 def render_status(reply: Status) -> None:
-    Console().print(agents_table(to_data(reply)))
+    from skyfed.coordinator.progress import headline  # the live view's first line
+
+    snap = to_data(reply)
+    Console().print(headline(snap), agents_table(snap))
