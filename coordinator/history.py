@@ -10,6 +10,7 @@ previous round; a
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ class RunHistory:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._totals: dict[tuple[str, str], int] = {}  # (agent, counter) -> last total seen
+        self._lock = threading.Lock()  # rounds come from the observer, evaluations from a worker
 
     def round(self, record: dict[str, Any], agents: list[dict[str, Any]]) -> dict[str, Any]:
         """Append one closed round with the links' state as ``agents`` show it now."""
@@ -60,8 +62,9 @@ class RunHistory:
         return link
 
     def _append(self, line: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(line, default=str) + "\n")
+        text = json.dumps(line, default=str) + "\n"
+        with self._lock, open(self.path, "a") as f:
+            f.write(text)
 
 
 def read(path: Path) -> list[dict[str, Any]]:

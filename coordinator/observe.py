@@ -36,7 +36,7 @@ class Sink(Protocol):
 
 
 class Observer:
-    """Polls ``federation`` on its own thread until :meth:`close`."""
+    """Watches ``federation`` on its own thread from :meth:`start` to :meth:`close`."""
 
     def __init__(self, federation: Federation, config: CoordinatorConfig) -> None:
         self.federation = federation
