@@ -82,6 +82,11 @@ class Agent:
         self._stopping = False
         self._connected = False
 
+    @property
+    def connected(self) -> bool:
+        """In a session with the coordinator now (what the agent's ``/readyz`` answers)."""
+        return self._connected
+
     # ---- the reconnect loop --------------------------------------------------------------
 
     def run(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +21,7 @@ from skyfed.coordinator.admission import Admission
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.downlink import Downlink
+from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
 from skyfed.coordinator.outer import OuterOptimizer
@@ -58,6 +59,14 @@ class Federation:
         self.aggregate = RoundAggregate(self.spec)
         self.contributed: set[str] = set()
         self.round_open = False
+        self.round_closed = threading.Event()
+        """Set after every closed round; the observer clears it (``coordinator/observe.py``)."""
+        # Operators' counters (status, metrics): refusals by gRPC status name, checkpoints.
+        self.refusals: Counter[str] = Counter()
+        self.checkpoints = 0
+        self.checkpoint_s = 0.0
+        self.evaluation: EvalResult | None = None
+        """The last held-out evaluation, set by the observer's evaluator."""
         self.max_payload = max_payload_bytes(self.spec)
         self.links = Links(
             config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
@@ -89,12 +98,19 @@ class Federation:
         if self.config.status_file is not None:
             write_text_atomic(self.config.status_file, serde.status_to_json(self.status()))
 
+    def refused(self, code: str) -> None:
+        """Count a refused peer or session by its gRPC status name (``UNAUTHENTICATED``);
+        in-band refusals of a contribution count in ``intake``."""
+        with self.cond:
+            self.refusals[code] += 1
+
     # ---- persistence ---------------------------------------------------------------------
 
     def checkpoint(self) -> None:
         """Write the closed round's state (the caller holds the lock)."""
         if self.config.checkpoint_dir is None:
             return
+        started = time.monotonic()
         checkpoint.save(
             self.config.checkpoint_dir,
             checkpoint.Checkpoint(
@@ -105,6 +121,8 @@ class Federation:
                 outer_momentum=self.outer.state(),
             ),
         )
+        self.checkpoints += 1
+        self.checkpoint_s += time.monotonic() - started
 
     def _resume(self) -> None:
         if self.config.checkpoint_dir is None:

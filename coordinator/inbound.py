@@ -119,6 +119,7 @@ class Intake:
             session.state = "sending"
             fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
             fed.stats.raw_bytes_up += header.raw_bytes
+            session.raw_bytes_up += header.raw_bytes
 
     def refuse(self, session: Session, round_: int, chunks: int, err: FederationError) -> None:
         """Refuse a contribution in-band: the session goes on, its chunks are discarded.
@@ -132,8 +133,9 @@ class Intake:
             self.fed.round,
             err,
         )
-        code = status_code(err).value[0]
-        session.send(Receipt(round=round_, accepted=False, code=code, message=str(err)))
+        code = status_code(err)
+        self.fed.refusals[code.name] += 1
+        session.send(Receipt(round=round_, accepted=False, code=code.value[0], message=str(err)))
 
     def chunk(self, session: Session, chunk: Chunk) -> None:
         """Validate and add one chunk; completes the contribution on its last chunk.

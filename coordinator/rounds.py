@@ -109,6 +109,7 @@ class Rounds:
         fed.aggregate = RoundAggregate(fed.spec)
         fed.contributed = set()
         fed.round_open = False
+        fed.round_closed.set()  # the observer's cue (coordinator/observe.py)
         if not final:
             self.maybe_open()
 
@@ -138,12 +139,15 @@ class Rounds:
                 )
             )
             fed.stats.bytes_down += s.bytes_down - before
+            s.raw_bytes_down += raw_bytes(fed.spec)
 
     def _record(self, codec_name: str, contributors: int) -> None:
         """Close the round's stats; ``bytes_down`` is added by the broadcast that follows."""
         fed = self.fed
         st = fed.stats
-        st.duration_s = time.monotonic() - st.opened_at
+        now = time.monotonic()
+        st.duration_s = now - st.opened_at
+        st.wall_s = now - fed.started_at
         st.contributors = contributors
         st.mean_loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
         # The slowest contributor's compute is the round's critical path; the rest is exchange.

@@ -32,6 +32,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             identity = self.auth.identify(context)
         except RevokedError as exc:
             log.warning("[Federation.Session] refused peer=%s: %s", context.peer(), exc)
+            self.federation.refused(status_code(exc).name)
             context.abort(status_code(exc), str(exc))
         session = Session(identity, context.peer())
         log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
@@ -56,6 +57,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 self._handle(session, serde.agent_message_from_proto(message))
         except FederationError as exc:
             log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
+            fed.refused(status_code(exc).name)
             fed.admission.leave(session)
             session.close(status_code(exc), str(exc))
             return

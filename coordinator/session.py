@@ -39,6 +39,10 @@ class Session:
     # Counters for status and the round's accounting.
     bytes_up: int = 0
     bytes_down: int = 0
+    raw_bytes_up: int = 0
+    """What its contributions weigh as fp32 (what ``bytes_up`` would be uncompressed)."""
+    raw_bytes_down: int = 0
+    """What its broadcasts weigh as fp32."""
     refused: int = 0
     codec_switches: int = 0
     rtt_ms: float = 0.0

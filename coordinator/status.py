@@ -28,6 +28,8 @@ class RoundStats:
     raw_bytes_up: int = 0
     raw_bytes_down: int = 0
     downlink_codec: str = ""
+    wall_s: float = 0.0
+    """Seconds since the coordinator started, when the round closed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,10 @@ class AgentStatus:
     goodput_mbit: float
     windows: list[Window] = field(default_factory=list)
     """The link monitor's closed windows, oldest first (only when asked for)."""
+    raw_bytes_up: int = 0
+    """What the link's contributions weigh as fp32, in bytes."""
+    raw_bytes_down: int = 0
+    """What the link's broadcasts weigh as fp32, in bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,21 @@ class Status:
     rounds: list[RoundStats]
     finished: bool
     exchange: str
+    rounds_planned: int = 0
+    """Rounds this run trains (0: until stopped)."""
+    min_agents: int = 1
+    """Agents the first round (and the first after a restart) waits for."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Refused contributions and peers, by gRPC status code name."""
+    checkpoints: int = 0
+    """Checkpoints written since the coordinator started."""
+    checkpoint_s: float = 0.0
+    """Seconds spent writing them."""
+    eval_round: int = -1
+    """Round of the last held-out evaluation (-1: none yet)."""
+    eval_loss: float = 0.0
+    """Its loss: the task's ``eval_loss`` on the canonical weights (0 while ``eval_round``
+    is -1)."""
 
 
 def build_status(fed: Federation, windows: bool = False) -> Status:
@@ -74,6 +95,13 @@ def build_status(fed: Federation, windows: bool = False) -> Status:
         rounds=[replace(r) for r in fed.history],
         finished=fed.finished,
         exchange=fed.config.exchange,
+        rounds_planned=fed.config.rounds,
+        min_agents=fed.config.min_agents,
+        refusals=dict(fed.refusals),
+        checkpoints=fed.checkpoints,
+        checkpoint_s=fed.checkpoint_s,
+        eval_round=fed.evaluation.round if fed.evaluation else -1,
+        eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
     )
 
 
@@ -94,6 +122,8 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         jitter_ms=s.jitter_ms,
         goodput_mbit=s.goodput_mbit,
         windows=_windows(fed, s) if windows else [],
+        raw_bytes_up=s.raw_bytes_up,
+        raw_bytes_down=s.raw_bytes_down,
     )
 
 

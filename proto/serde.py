@@ -178,7 +178,7 @@ def status_from_proto(s: pb.StatusReply) -> Status:
         for a in s.agents
     ]
     rounds = [_from_proto(RoundStats, r) for r in s.rounds]
-    return _from_proto(Status, s, agents=agents, rounds=rounds)
+    return _from_proto(Status, s, agents=agents, rounds=rounds, refusals=dict(s.refusals))
 
 
 def status_to_json(s: Status) -> str:

@@ -1,0 +1,24 @@
+"""The status as plain data (dicts, lists, numbers), for exporters, the history and the CLI:
+what they read is JSON-shaped, so a new status field reaches them without an edit here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from skyfed.coordinator.status import Status
+
+
+def to_data(status: Status) -> dict[str, Any]:
+    """Every field of ``status`` by name; nested dataclasses become dicts."""
+    return dataclasses.asdict(status)
+
+
+def waiting_for(snap: dict[str, Any]) -> str:
+    """Why no round runs yet ("waiting for 3 agents, 2 connected: aws-1, gcp-1"), or ""."""
+    needed = int(snap.get("min_agents", 1))
+    names = sorted(a["name"] for a in snap.get("agents", ()) if a.get("state") != "disconnected")
+    if snap.get("rounds") or snap.get("finished") or len(names) >= needed:
+        return ""
+    connected = f": {', '.join(names)}" if names else ""
+    return f"waiting for {needed} agents, {len(names)} connected{connected}"
