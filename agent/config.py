@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfed.agent.placement import LAUNCHERS
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -44,6 +46,11 @@ class AgentConfig:
     device: str = "auto"
     """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``) or
     ``auto`` (``cuda`` when there are at least ``tp`` GPUs, else ``cpu``)."""
+    launcher: str = "auto"
+    """Who starts the site's ranks: ``spawn`` (this command starts ``tp`` rank processes),
+    ``slurm`` (each ``srun`` task is one rank), ``torchrun`` (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``...), or ``auto``: ``slurm`` inside an ``srun`` step, ``torchrun`` when
+    ``RANK`` and ``WORLD_SIZE`` are set, else ``spawn`` (see ``docs/deployment.md``)."""
     reconnect_initial_s: float = 0.2
     """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
     reconnect_max_s: float = 5.0
@@ -68,6 +75,8 @@ class AgentConfig:
             (":" in self.coordinator, "coordinator", "HOST:PORT"),
             (self.threads >= 1, "threads", ">= 1"),
             (self.device in DEVICES, "device", " or ".join(DEVICES)),
+            (self.launcher in LAUNCHERS, "launcher", " or ".join(LAUNCHERS)),
+            (self.give_up_after_s >= 0, "give_up_after_s", ">= 0"),
         ]
         for ok, field, what in checks:
             if not ok:
