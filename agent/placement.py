@@ -82,6 +82,8 @@ def detect(launcher: str, env: Mapping[str, str]) -> Placement | None:
 
 
 def _slurm(env: Mapping[str, str]) -> Placement:
+    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+    local_rank = _int(env, "SLURM_LOCALID")
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     host = env.get("MASTER_ADDR") or (first_host(nodes) if nodes else "")
     num_nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
@@ -91,9 +93,9 @@ def _slurm(env: Mapping[str, str]) -> Placement:
         port = SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID") % SLURM_PORT_SPAN
     return Placement(
         launcher="slurm",
-        rank=_int(env, "SLURM_PROCID"),
-        world=_int(env, "SLURM_NTASKS"),
-        local_rank=_int(env, "SLURM_LOCALID"),
+        rank=rank,
+        world=world,
+        local_rank=local_rank,
         master_addr=host,
         master_port=port,
         single_host=num_nodes.strip() == "1",
