@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.placement import LAUNCHERS
 from skyfed.config import load_config
-from skyfed.logs import setup_logging
+from skyfed.logs import FORMATS, setup_logging
 
 
 @click.group()
@@ -54,8 +55,25 @@ def main() -> None:
 @click.option(
     "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
 )
+@click.option(
+    "--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz (plain HTTP; off)."
+)
+@click.option(
+    "--metrics-public",
+    is_flag=True,
+    default=None,
+    help="Allow --metrics-listen on a non-loopback address.",
+)
+@click.option("--no-progress", is_flag=True, help="No line per applied round.")
+@click.option("--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]")
 @click.option("--log-level", default=None)
-def start(config_path: Path | None, log_level: str | None, **flags: object) -> None:
+def start(
+    config_path: Path | None,
+    log_level: str | None,
+    log_format: str | None,
+    no_progress: bool,
+    **flags: object,
+) -> None:
     """Join the federation and train until it is done."""
     try:
         config = load_config(AgentConfig, component="agent", path=config_path, flags=flags)
@@ -64,8 +82,12 @@ def start(config_path: Path | None, log_level: str | None, **flags: object) -> N
         settle(config)  # fails early: cuda without enough GPUs, tp against the launcher
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
-    setup_logging(log_level, who=config.name)
-    from skyfed.agent.launch import run
+    if log_format:
+        os.environ["SKYFED_LOG_FORMAT"] = log_format  # the rank processes log alike
+    setup_logging(log_level, who=config.name, fmt=log_format)
+    from skyfed.agent.launch import PROGRESS_ENV, run
 
+    progress = not no_progress and log_format != "json"
+    os.environ[PROGRESS_ENV] = "1" if progress else "0"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
-    sys.exit(run(config, log_level))
+    sys.exit(run(config, log_level, progress))

@@ -60,6 +60,11 @@ class AgentConfig:
     """Write a JSON report (round, weights digest, bytes, loss) here after every round."""
     threads: int = 1
     """torch intra-op threads for local training."""
+    metrics_listen: str = ""
+    """HOST:PORT of the plain-HTTP ``/metrics``, ``/healthz`` and ``/readyz`` port ("": off;
+    ready = in a session). Outside mTLS: loopback only unless ``metrics_public``."""
+    metrics_public: bool = False
+    """Allow ``metrics_listen`` on a non-loopback address (a pod IP for Kubernetes probes)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -81,6 +86,10 @@ class AgentConfig:
         for ok, field, what in checks:
             if not ok:
                 raise ValueError(f"agent option {field}={getattr(self, field)!r} must be {what}")
+        if self.metrics_listen:
+            from skyfed.metrics.http import parse_listen
+
+            parse_listen(self.metrics_listen, public=self.metrics_public)
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / f"{self.name}.crt"

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 EXIT_REFUSED = 3
 EXIT_NO_SESSION = 4
+# Set by ``agent start`` so rank 0 of a tp > 1 site prints its rounds too.
+PROGRESS_ENV = "SKYFED_AGENT_PROGRESS"
 
 
 def settle(config: AgentConfig) -> tuple[AgentConfig, Placement | None]:
@@ -51,14 +53,15 @@ def settle(config: AgentConfig) -> tuple[AgentConfig, Placement | None]:
     return config, placement
 
 
-def run(config: AgentConfig, log_level: str | None = None) -> int:
-    """Train until the federation is done; the exit code for ``agent start``."""
+def run(config: AgentConfig, log_level: str | None = None, progress: bool = False) -> int:
+    """Train until the federation is done; the exit code for ``agent start``. ``progress``:
+    a line per applied round on stderr."""
     config, placement = settle(config)
     if placement is not None:
         return run_placed(config, placement, log_level)
     if not needs_ranks(config):
         torch.set_num_threads(config.threads)
-        return lead(config, Site(_trainer(config), sender=config.name))
+        return lead(config, Site(_trainer(config), sender=config.name), progress)
     device_type = resolve_device(config)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     store, procs = start_ranks(config, device_type, log_level)
@@ -75,19 +78,30 @@ def run(config: AgentConfig, log_level: str | None = None) -> int:
         del store
 
 
-def lead(config: AgentConfig, site: Site) -> int:
+def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     """Rank 0: run the session loop over ``site``; map final refusals to exit codes."""
     from skyfed.agent.daemon import Agent
     from skyfed.agent.link import LinkClosed
+    from skyfed.agent.observe import RoundLines, start_metrics
 
+    agent = Agent(config, site)
+    metrics = start_metrics(agent, config)
+    lines = RoundLines(agent, config, lambda line: click.echo(line, err=True))
+    if progress:
+        lines.start()
     try:
-        Agent(config, site).run()
+        agent.run()
     except LinkClosed as exc:
         click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
         return EXIT_REFUSED
     except TimeoutError as exc:
         click.echo(f"agent {config.name}: {exc}", err=True)
         return EXIT_NO_SESSION
+    finally:
+        if progress:
+            lines.close()
+        if metrics is not None:
+            metrics.close()
     site.stop()
     return 0
 
@@ -150,7 +164,7 @@ def serve_rank(
     site = Site(_trainer(config, mesh=mesh, device=device), group, sender=config.name)
     if rank == 0:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
-        code = lead(config, site)
+        code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
     else:
         site.follow()
         code = 0

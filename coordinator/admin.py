@@ -1,16 +1,25 @@
-"""The admin side: calling ``Status`` over mTLS and showing it to a person."""
+"""The admin side: calling ``Status`` over mTLS and showing it to a person.
+
+The tables take the status as plain data (``skyfed.coordinator.snapshot``), so the live
+view of ``coordinator serve``, ``coordinator status`` and the demo show the same thing.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import grpc
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from skyfed.coordinator.snapshot import to_data
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+
+Snapshot = dict[str, Any]
 
 
 def fetch_status(
@@ -27,10 +36,14 @@ def fetch_status(
         )
 
 
-def agents_table(reply: pb.StatusReply) -> Table:
+def fetch_snapshot(address: str, certs: Path, name: str, timeout_s: float = 5.0) -> Snapshot:
+    return to_data(fetch_status(address, certs, name, timeout_s))
+
+
+def agents_table(snap: Snapshot) -> Table:
     """One row per agent; short headers so it fits an 80-column terminal."""
     table = Table(
-        title=f"round {reply.round}  weights {reply.weights_digest[:12]}  exchange {reply.exchange}",
+        title=f"round {snap['round']}  weights {snap['weights_digest'][:12]}  exchange {snap['exchange']}",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
@@ -38,22 +51,62 @@ def agents_table(reply: pb.StatusReply) -> Table:
     for col in (*headers, "Mb/s", "up MB", "dn MB"):
         left = col in ("agent", "state", "codec")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
-    for a in reply.agents:
+    for a in snap["agents"]:
         table.add_row(
-            a.name,
-            a.state,
-            a.codec,
-            str(a.codec_switches),
-            str(a.last_round),
-            f"{a.rtt_ms:.1f}",
-            f"{a.loss_pct:.2f}",
-            f"{a.goodput_mbit:.1f}",
-            f"{a.bytes_up / 1e6:.1f}",
-            f"{a.bytes_down / 1e6:.1f}",
+            a["name"],
+            a["state"],
+            a["codec"],
+            str(a["codec_switches"]),
+            str(a["last_round"]),
+            f"{a['rtt_ms']:.1f}",
+            f"{a['loss_pct']:.2f}",
+            f"{a['goodput_mbit']:.1f}",
+            f"{a['bytes_up'] / 1e6:.1f}",
+            f"{a['bytes_down'] / 1e6:.1f}",
         )
     table.caption = "rtt in ms; sw: codec switches; Mb/s: goodput; jitter, refusals: --json"
     return table
 
 
+def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summary") -> Table:
+    """The end-of-run figures: time split, bytes saved, training and held-out loss."""
+    rounds = list(snap["rounds"])
+    n = max(1, len(rounds))
+    round_s = sum(r["duration_s"] for r in rounds) / n
+    train_s = sum(r["train_s"] for r in rounds) / n
+    up, raw_up = sum(r["bytes_up"] for r in rounds), sum(r["raw_bytes_up"] for r in rounds)
+    down, raw_down = sum(r["bytes_down"] for r in rounds), sum(r["raw_bytes_down"] for r in rounds)
+    table = Table(title=title, show_header=False)
+    table.add_row("rounds", f"{len(rounds)} in {wall_s:.1f} s wall")
+    table.add_row(
+        "per round",
+        f"{round_s * 1000:.0f} ms = slowest agent's training {train_s * 1000:.0f} ms + exchange "
+        f"{max(0.0, round_s - train_s) * 1000:.0f} ms",
+    )
+    table.add_row(
+        "uplink",
+        f"{up / 1e6:.2f} MB on the wire, {raw_up / 1e6:.2f} MB as fp32 "
+        f"({raw_up / max(1, up):.1f}x smaller)",
+    )
+    table.add_row(
+        "downlink",
+        f"{down / 1e6:.2f} MB on the wire, {raw_down / 1e6:.2f} MB as fp32 "
+        f"({raw_down / max(1, down):.1f}x smaller)",
+    )
+    if rounds:
+        table.add_row(
+            "training loss",
+            f"{rounds[0]['mean_loss']:.3f} (round 0) -> {rounds[-1]['mean_loss']:.3f} "
+            f"(round {rounds[-1]['round']})",
+        )
+    evaluated = snap.get("eval")
+    if evaluated and math.isfinite(evaluated["loss"]):
+        table.add_row(
+            "held-out loss", f"{evaluated['loss']:.3f} (weights of round {evaluated['round']})"
+        )
+    table.add_row("coordinator", f"weights {snap['weights_digest'][:16]}")
+    return table
+
+
 def render_status(reply: pb.StatusReply) -> None:
-    Console().print(agents_table(reply))
+    Console().print(agents_table(to_data(reply)))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import click
+from rich.console import Console
 
 from skyfed.config import load_config
+from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
-from skyfed.logs import setup_logging
+from skyfed.coordinator.progress import LiveView, WatchLoop
+from skyfed.logs import FORMATS, setup_logging
 from skyfed.proto.serde import EXCHANGES
 
 
@@ -59,10 +63,43 @@ def main() -> None:
 @click.option(
     "--status-file", type=click.Path(path_type=Path), help="Status JSON, rewritten each round."
 )
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    help="Run directory: rounds.jsonl, status.json (see skyfed report).",
+)
+@click.option("--eval-every", type=int, help="Held-out evaluation every N rounds (0: off). [5]")
+@click.option(
+    "--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz (plain HTTP; off)."
+)
+@click.option(
+    "--metrics-public",
+    is_flag=True,
+    default=None,
+    help="Allow --metrics-listen on a non-loopback address.",
+)
+@click.option(
+    "--export",
+    type=click.Path(path_type=Path),
+    help="Write the final weights here as a state_dict.",
+)
+@click.option(
+    "--tensorboard",
+    type=click.Path(path_type=Path),
+    help="TensorBoard log dir (the tensorboard extra).",
+)
+@click.option("--no-progress", is_flag=True, help="Plain log lines, no live view.")
+@click.option("--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]")
 @click.option("--log-level", default=None)
-def serve(config_path: Path | None, log_level: str | None, **flags: object) -> None:
+def serve(
+    config_path: Path | None,
+    log_level: str | None,
+    log_format: str | None,
+    no_progress: bool,
+    **flags: object,
+) -> None:
     """Serve the federation until its rounds are done or SIGTERM/SIGINT."""
-    setup_logging(log_level, who="coordinator")
+    setup_logging(log_level, who="coordinator", fmt=log_format)
     try:
         config = load_config(
             CoordinatorConfig, component="coordinator", path=config_path, flags=flags
@@ -74,12 +111,55 @@ def serve(config_path: Path | None, log_level: str | None, **flags: object) -> N
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    console = Console(stderr=True)
+    started = time.monotonic()
     with run_server(config) as running:
         click.echo(f"coordinator listening on port {running.port}", err=True)
-        # The driver ends after the last round once the agents have closed their streams
-        # (bounded by final_wait_s), or when stopped.
-        while not stop.is_set() and running.driver.is_alive():
-            stop.wait(0.2)
+        if running.metrics_port is not None:
+            host = config.metrics_listen.rpartition(":")[0]
+            click.echo(f"metrics on http://{host}:{running.metrics_port}/metrics", err=True)
+        view = None
+        if console.is_terminal and not no_progress and log_format != "json":
+            view = LiveView(running.observer.snapshot, console).start()
+        try:
+            # The driver ends after the last round once the agents have closed their
+            # streams (bounded by final_wait_s), or when stopped.
+            while not stop.is_set() and running.driver.is_alive():
+                stop.wait(0.2)
+        finally:
+            if view is not None:
+                view.close()
+    snap = running.observer.snapshot()
+    console.print(summary_table(snap, time.monotonic() - started, title="skyfed run summary"))
+    if config.run_dir is not None:
+        click.echo(f"run directory: {config.run_dir} (skyfed report {config.run_dir})", err=True)
+    if config.export is not None:
+        click.echo(f"model: {config.export}", err=True)
+
+
+@main.command()
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="The coordinator's --checkpoint-dir.",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="model.pt"
+)
+@click.option("--task", default="chargpt", show_default=True, help="The run's task.")
+def export(checkpoint_dir: Path, out: Path, task: str) -> None:
+    """Write the latest checkpoint's weights as a plain state_dict (and OUT .json)."""
+    from skyfed.coordinator.export import export_checkpoint, meta_path
+
+    try:
+        meta = export_checkpoint(checkpoint_dir, out, task=task)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(
+        f"{out}: round {meta['round']}, weights {meta['weights_digest'][:16]}, task {task} "
+        f"({meta_path(out)})"
+    )
 
 
 @main.command()
@@ -88,10 +168,26 @@ def serve(config_path: Path | None, log_level: str | None, **flags: object) -> N
 @click.option("--as", "name", default="coordinator", help="Identity in --certs to call as.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--windows", is_flag=True, help="With --json: each link's raw measurement windows.")
-def status(address: str, certs: Path, name: str, as_json: bool, windows: bool) -> None:
+@click.option("--watch", is_flag=True, help="Refresh a live table until Ctrl-C.")
+@click.option("--interval-s", type=float, default=1.0, show_default=True, help="With --watch.")
+def status(
+    address: str,
+    certs: Path,
+    name: str,
+    as_json: bool,
+    windows: bool,
+    watch: bool,
+    interval_s: float,
+) -> None:
     """Who is connected, on which codec, how fast; the last rounds."""
-    from skyfed.coordinator.admin import fetch_status, render_status
+    from skyfed.coordinator.admin import fetch_snapshot, fetch_status, render_status
 
+    if watch:
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        loop = WatchLoop(lambda: fetch_snapshot(address, certs, name), interval_s)
+        loop.run(Console(), stop)
+        return
     reply = fetch_status(address, certs, name, windows=windows)
     if as_json:
         from google.protobuf.json_format import MessageToJson

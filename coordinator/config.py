@@ -80,6 +80,23 @@ class CoordinatorConfig:
     """Write the bound port here once serving (for port 0)."""
     status_file: Path | None = None
     """Rewrite the status (as JSON) here after every round and at exit."""
+    run_dir: Path | None = None
+    """The run directory: ``rounds.jsonl`` (one line per closed round and evaluation) and,
+    unless ``status_file`` says otherwise, ``status.json``; ``skyfed report RUN_DIR`` plots
+    it (docs/operations.md)."""
+    eval_every: int = 5
+    """Evaluate the canonical weights on the task's held-out data (its ``eval_loss``) every
+    this many rounds and after the last, on a worker thread off the rounds' path (0: never)."""
+    metrics_listen: str = ""
+    """HOST:PORT of the plain-HTTP ``/metrics``, ``/healthz`` and ``/readyz`` port ("": off).
+    Outside mTLS: loopback only unless ``metrics_public`` (docs/operations.md)."""
+    metrics_public: bool = False
+    """Allow ``metrics_listen`` on a non-loopback address (a pod IP for Kubernetes probes)."""
+    export: Path | None = None
+    """At the end of the run, write the final weights here as a plain ``state_dict`` (and
+    its metadata as ``.json`` beside it)."""
+    tensorboard: Path | None = None
+    """Write TensorBoard scalars of every round here (needs the ``tensorboard`` extra)."""
 
     def __post_init__(self) -> None:
         _require(self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")
@@ -115,6 +132,13 @@ class CoordinatorConfig:
         )
         _require(self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
         _require(":" in self.listen, "listen", self.listen, "HOST:PORT")
+        _require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        if self.metrics_listen:
+            from skyfed.metrics.http import parse_listen
+
+            parse_listen(self.metrics_listen, public=self.metrics_public)
+        if self.run_dir is not None and self.status_file is None:
+            self.status_file = self.run_dir / "status.json"
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / "coordinator.crt"

@@ -10,13 +10,19 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client.registry import CollectorRegistry
 
 from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.export import export_weights
 from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.service import FederationServicer
 from skyfed.fingerprint import model_spec
+from skyfed.metrics.coordinator import CoordinatorCollector
+from skyfed.metrics.http import MetricsServer
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.tasks import load_task
 
@@ -35,6 +41,9 @@ class Running:
     port: int
     federation: Federation
     driver: threading.Thread
+    observer: Observer
+    metrics_port: int | None = None
+    """The bound port of ``metrics_listen``; None when it is off."""
 
 
 def build_federation(config: CoordinatorConfig) -> Federation:
@@ -67,26 +76,74 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     pb_grpc.add_FederationServicer_to_server(
         FederationServicer(federation, PeerAuthenticator(config.crl, config.ca)), server
     )
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
     echo = _start_echo(config)
     federation.links.echo = echo
     server.start()
+    _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
     driver.start()
+    observer = Observer(federation, config).start()
+    metrics = _start_metrics(config, observer, driver)
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
     if config.port_file is not None:
         config.port_file.write_text(f"{port}\n")
     try:
-        yield Running(server, port, federation, driver)
+        yield Running(server, port, federation, driver, observer, metrics.port if metrics else None)
     finally:
         federation.stop()
         driver.join(timeout=10)
+        _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
         server.stop(grace=2).wait()
         if echo is not None:
             echo.close()
+        observer.close()
+        _export(config, federation)
+        if metrics is not None:
+            metrics.close()
         federation.write_status()
+
+
+SERVICES = ("", "skyfed.v1.Federation")  # "": the whole server, as grpc.health.v1 defines it
+
+
+def _set_health(servicer: health.HealthServicer, state: int) -> None:
+    for service in SERVICES:
+        servicer.set(service, state)
+
+
+def _start_metrics(
+    config: CoordinatorConfig, observer: Observer, driver: threading.Thread
+) -> MetricsServer | None:
+    """``/metrics``, ``/healthz``, ``/readyz`` on ``metrics_listen``, if set."""
+    if not config.metrics_listen:
+        return None
+    registry = CollectorRegistry()
+    registry.register(CoordinatorCollector(observer.snapshot))
+
+    def ready() -> tuple[bool, str]:
+        return (True, "") if driver.is_alive() else (False, "the round driver has stopped")
+
+    return MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
+
+
+def _export(config: CoordinatorConfig, federation: Federation) -> None:
+    """``--export FILE``: the final weights as a plain state_dict (skyfed.coordinator.export)."""
+    if config.export is None:
+        return
+    with federation.cond:
+        round_, weights = federation.round - 1, [w.clone() for w in federation.weights]
+    meta = export_weights(weights, config.export, task=config.task, round_=round_, seed=config.seed)
+    log.info(
+        "[Coordinator.Export] out=%s round=%d digest=%s",
+        config.export,
+        round_,
+        meta["weights_digest"][:16],
+    )
 
 
 def _start_echo(config: CoordinatorConfig) -> ProbeEcho | None:

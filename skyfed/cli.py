@@ -58,6 +58,24 @@ def demo(rounds: int, local_steps: int, codec: str, exchange: str, workdir: Path
         sys.exit(1)
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write report.html and its PNGs here (default: RUN_DIR).",
+)
+def report(run_dir: Path, out: Path | None) -> None:
+    """Plot a run (the coordinator's --run-dir) into RUN_DIR/report.html."""
+    from skyfed.report import make_report
+
+    try:
+        page = make_report(run_dir, out)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(str(page))
+
+
 try:  # the lab is Linux-only; the rest of the CLI works without it
     from skyfed.lab.cli import lab
 

@@ -7,6 +7,7 @@ this module only wires them together, watches ``Status`` and prints the summary.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,9 +21,13 @@ from rich.table import Table
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
+from skyfed.coordinator.admin import summary_table as run_summary
+from skyfed.coordinator.snapshot import to_data
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.serde import EXCHANGES
+from skyfed.report import make_report
+from skyfed.report.data import load as load_run
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -58,6 +63,10 @@ class DemoResult:
     status: pb.StatusReply
     reports: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
+    report: Path | None = None
+    """The run report's page (``skyfed report``)."""
+    eval: dict | None = None
+    """The last held-out evaluation: ``{"round", "loss"}``."""
 
     @property
     def identical(self) -> bool:
@@ -66,20 +75,23 @@ class DemoResult:
 
 
 def run_demo(config: DemoConfig, console: Console) -> DemoResult:
+    """Run the demo; without a workdir, certificates and checkpoints go to a temporary
+    directory and only the run directory (history, status, report) is kept."""
     if config.workdir is None:
         with tempfile.TemporaryDirectory(prefix="skyfed-demo-") as tmp:
-            return _run(config, Path(tmp), console)
+            kept = Path(tempfile.mkdtemp(prefix="skyfed-demo-run-"))
+            return _run(config, Path(tmp), console, kept)
     config.workdir.mkdir(parents=True, exist_ok=True)
-    return _run(config, config.workdir, console)
+    return _run(config, config.workdir, console, config.workdir / "run")
 
 
-def _run(config: DemoConfig, work: Path, console: Console) -> DemoResult:
+def _run(config: DemoConfig, work: Path, console: Console, run_dir: Path) -> DemoResult:
     certs = work / "certs"
     if not (certs / "ca.crt").exists():
         make_federation(certs)
     started = time.monotonic()
     with children(work / "logs") as kids:
-        port = _start_coordinator(kids, config, work)
+        port = _start_coordinator(kids, config, work, run_dir)
         for i, cloud in enumerate(CLOUDS):
             flags = {
                 "--cloud": cloud,
@@ -93,7 +105,7 @@ def _run(config: DemoConfig, work: Path, console: Console) -> DemoResult:
             kids.start(
                 cloud, command("agent", "start", *(str(x) for kv in flags.items() for x in kv))
             )
-        status = _watch(kids, config, work, f"localhost:{port}", console, started)
+        status = _watch(kids, config, work, run_dir, f"localhost:{port}", console, started)
         for cloud in CLOUDS:
             kids.procs[cloud].wait(timeout=30)
     reports = {
@@ -101,17 +113,22 @@ def _run(config: DemoConfig, work: Path, console: Console) -> DemoResult:
         for c in CLOUDS
         if (work / f"{c}.json").exists()
     }
-    return DemoResult(status, reports, time.monotonic() - started)
+    result = DemoResult(status, reports, time.monotonic() - started)
+    result.report = make_report(run_dir)
+    evals = [e for e in load_run(run_dir).evals if math.isfinite(e["eval_loss"])]
+    if evals:
+        result.eval = {"round": evals[-1]["round"], "loss": evals[-1]["eval_loss"]}
+    return result
 
 
-def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
+def _start_coordinator(kids: Children, config: DemoConfig, work: Path, run_dir: Path) -> int:
     port_file = work / "coordinator.port"
     port_file.unlink(missing_ok=True)
     flags = {
         "--certs": work / "certs",
         "--listen": "127.0.0.1:0",
         "--port-file": port_file,
-        "--status-file": work / "status.json",
+        "--run-dir": run_dir,
         "--rounds": config.rounds,
         "--min-agents": len(CLOUDS),
         "--codec": config.codec,
@@ -123,7 +140,13 @@ def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
 
 
 def _watch(
-    kids: Children, config: DemoConfig, work: Path, address: str, console: Console, started: float
+    kids: Children,
+    config: DemoConfig,
+    work: Path,
+    run_dir: Path,
+    address: str,
+    console: Console,
+    started: float,
 ) -> pb.StatusReply:
     """Live progress from ``Status``; the final figures come from the coordinator's file."""
     progress = Progress(
@@ -146,7 +169,7 @@ def _watch(
                 continue
             loss = f"{status.rounds[-1].mean_loss:.3f}" if status.rounds else "-"
             progress.update(task, completed=len(status.rounds), loss=loss)
-            live.update(Group(progress, agents_table(status)))
+            live.update(Group(progress, agents_table(to_data(status))))
             if status.finished:
                 break
             time.sleep(0.3)
@@ -154,45 +177,21 @@ def _watch(
         raise RuntimeError(
             f"coordinator exited with {coordinator.returncode}:\n{kids.log('coordinator')[-2000:]}"
         )
-    final = json_format.Parse((work / "status.json").read_text(), pb.StatusReply())
+    final = json_format.Parse((run_dir / "status.json").read_text(), pb.StatusReply())
     progress.update(task, completed=len(final.rounds))
     return final
 
 
 def summary_table(result: DemoResult) -> Table:
-    rounds = list(result.status.rounds)
-    n = max(1, len(rounds))
-    round_s = sum(r.duration_s for r in rounds) / n
-    train_s = sum(r.train_s for r in rounds) / n
-    up, raw_up = sum(r.bytes_up for r in rounds), sum(r.raw_bytes_up for r in rounds)
-    down, raw_down = sum(r.bytes_down for r in rounds), sum(r.raw_bytes_down for r in rounds)
-    table = Table(title="skyfed demo summary", show_header=False)
-    table.add_row("rounds", f"{len(rounds)} in {result.wall_s:.1f} s wall")
-    table.add_row(
-        "per round",
-        f"{round_s * 1000:.0f} ms = slowest agent's training {train_s * 1000:.0f} ms + exchange "
-        f"{max(0.0, round_s - train_s) * 1000:.0f} ms",
-    )
-    table.add_row(
-        "uplink",
-        f"{up / 1e6:.2f} MB on the wire, {raw_up / 1e6:.2f} MB as fp32 "
-        f"({raw_up / max(1, up):.1f}x smaller)",
-    )
-    table.add_row(
-        "downlink",
-        f"{down / 1e6:.2f} MB on the wire, {raw_down / 1e6:.2f} MB as fp32 "
-        f"({raw_down / max(1, down):.1f}x smaller)",
-    )
-    if rounds:
-        table.add_row(
-            "training loss",
-            f"{rounds[0].mean_loss:.3f} (round 0) -> {rounds[-1].mean_loss:.3f} "
-            f"(round {rounds[-1].round})",
-        )
+    snap = to_data(result.status)
+    if result.eval is not None:
+        snap["eval"] = result.eval
+    table = run_summary(snap, result.wall_s, title="skyfed demo summary")
     for name, rep in sorted(result.reports.items()):
         table.add_row(
             f"agent {name}", f"weights {rep['weights_digest'][:16]} after round {rep['round']}"
         )
-    table.add_row("coordinator", f"weights {result.status.weights_digest[:16]}")
     table.add_row("verdict", "all agents bit-identical" if result.identical else "AGENTS DIFFER")
+    if result.report is not None:
+        table.add_row("report", str(result.report))
     return table

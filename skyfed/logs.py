@@ -2,15 +2,50 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
+
+FORMATS = ("text", "json")
 
 
-def setup_logging(level: str | None = None, *, who: str = "skyfed") -> None:
-    """One line per record, prefixed with the process's role (``coordinator``, ``aws-1``)."""
+def setup_logging(level: str | None = None, *, who: str = "skyfed", fmt: str | None = None) -> None:
+    """One line per record, prefixed with the process's role (``coordinator``, ``aws-1``);
+    ``fmt="json"``: one JSON object per line for log shippers (docs/operations.md)."""
     level = (level or os.environ.get("SKYFED_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    fmt = fmt or os.environ.get("SKYFED_LOG_FORMAT") or "text"
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r} must be one of {FORMATS}")
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter(who))
+    else:
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s {who} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+            )
+        )
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts", "level", "who", "logger", "message"}`` and, for an exception, ``"error"``:
+    always one line, so a shipper never splits a record."""
+
+    def __init__(self, who: str) -> None:
+        super().__init__()
+        self.who = who
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "who": self.who,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line)

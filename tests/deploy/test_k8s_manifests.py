@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import shutil
 import subprocess
 import tomllib
@@ -99,7 +100,7 @@ def coordinator_toml(overlay: str, tmp_path: Path) -> Path:
     return path
 
 
-def parse(container: dict[str, Any], files: dict[str, Path]) -> tuple[str, dict[str, Any]]:
+def parse(container: dict[str, Any], files: dict[str, Path]) -> tuple[str, click.Context]:
     """Parse the container's command line with the real click CLI, as the pod will; paths
     that the pod mounts (``files``) are swapped for local copies so ``exists=True`` holds."""
     words = [str(files.get(w, w)) for w in argv(container)]
@@ -107,14 +108,16 @@ def parse(container: dict[str, Any], files: dict[str, Path]) -> tuple[str, dict[
     assert component in CLIS, f"{container['name']}: runs {component!r}, not a skyfed command"
     command = CLIS[component].get_command(click.Context(CLIS[component]), sub)
     assert command is not None, f"`{component} {sub}` is not a command"
-    ctx = command.make_context(f"{component} {sub}", rest)
-    return component, ctx.params
+    return component, command.make_context(f"{component} {sub}", rest)
 
 
-def build_config(component: str, params: dict[str, Any]) -> Any:
-    """The component's configuration from parsed flags, as its command builds it."""
-    flags = dict(params)
-    path, _ = flags.pop("config_path", None), flags.pop("log_level", None)
+def build_config(component: str, ctx: click.Context) -> Any:
+    """The component's configuration from parsed flags, as its command builds it: the
+    options the command's function names itself are not configuration fields, the rest
+    (its ``**flags``) are."""
+    named = inspect.signature(ctx.command.callback).parameters
+    flags = {k: v for k, v in ctx.params.items() if k not in named}
+    path = ctx.params.get("config_path")
     return load_config(CONFIGS[component], component=component, path=path, flags=flags)
 
 
@@ -163,8 +166,7 @@ def test_manifest_arguments_parse_with_the_real_clis(overlay, tmp_path):
     if of_kind(overlay, "ConfigMap"):
         files["/etc/skyfed/coordinator.toml"] = coordinator_toml(overlay, tmp_path)
     for _, container in containers(overlay):
-        component, params = parse(container, files)
-        build_config(component, params)
+        build_config(*parse(container, files))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -190,8 +192,7 @@ def test_coordinator_toml_agrees_with_its_pod_and_service(tmp_path):
     toml = coordinator_toml("aws", tmp_path)
     (sts,) = of_kind("aws", "StatefulSet")
     (container,) = pod_spec(sts)["containers"]
-    _, params = parse(container, {"/etc/skyfed/coordinator.toml": toml})
-    config = build_config("coordinator", params)
+    config = build_config(*parse(container, {"/etc/skyfed/coordinator.toml": toml}))
     assert tomllib.loads(toml.read_text())["listen"] == config.listen
     assert mount(sts, container, "config")["mountPath"] == flag(container, "--config")
     assert port_of(container, "grpc") == int(config.listen.rsplit(":", 1)[1])
@@ -212,8 +213,7 @@ def test_each_site_has_its_own_name_shard_and_certificates():
     for overlay in OVERLAYS:
         (job,) = of_kind(overlay, "Job")
         (container,) = pod_spec(job)["containers"]
-        _, params = parse(container, {})
-        config = build_config("agent", params)
+        config = build_config(*parse(container, {}))
         assert config.cloud == overlay
         assert str(config.certs) == mount(job, container, "certs")["mountPath"]
         (certs,) = [v for v in pod_spec(job)["volumes"] if v["name"] == "certs"]

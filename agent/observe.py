@@ -1,0 +1,86 @@
+"""Watching an agent from beside its session loop: the snapshot its exporter reads, the
+side port, and a line per applied round for the person who started it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client.registry import CollectorRegistry
+
+from skyfed.agent.config import AgentConfig
+from skyfed.metrics.agent import AgentCollector
+from skyfed.metrics.http import MetricsServer
+
+POLL_S = 0.2
+
+
+def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
+    """The agent's state as plain data (see ``skyfed.metrics.agent``)."""
+    return {
+        "name": config.name,
+        "cloud": config.cloud,
+        "connected": connected(agent),
+        "round": agent.last_round,
+        "rounds_applied": agent.applied,
+        "loss": agent.last_loss,
+        "bytes_up": agent.bytes_up,
+        "bytes_down": agent.bytes_down,
+        "codec": agent.codec,
+    }
+
+
+def connected(agent: Any) -> bool:
+    """In a session now. The daemon keeps it private until its restructure lands."""
+    return bool(agent._connected)
+
+
+def start_metrics(agent: Any, config: AgentConfig) -> MetricsServer | None:
+    """``/metrics``, ``/healthz`` and ``/readyz`` (ready = in a session), if configured."""
+    if not config.metrics_listen:
+        return None
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(lambda: snapshot(agent, config)))
+
+    def ready() -> tuple[bool, str]:
+        return (True, "") if connected(agent) else (False, "not in a session")
+
+    return MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
+
+
+class RoundLines:
+    """Calls ``say`` with one line per round the agent applies, until :meth:`close`."""
+
+    def __init__(self, agent: Any, config: AgentConfig, say: Callable[[str], None]) -> None:
+        self._agent, self._config, self._say = agent, config, say
+        self._seen = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="round-lines", daemon=True)
+
+    def start(self) -> RoundLines:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._tick()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self._tick()
+
+    def _tick(self) -> None:
+        s = snapshot(self._agent, self._config)
+        if s["rounds_applied"] == self._seen:
+            return
+        self._seen = s["rounds_applied"]
+        if s["round"] < 0:
+            return
+        rounds = f" of {self._config.rounds}" if self._config.rounds else ""
+        self._say(
+            f"{s['name']}: round {s['round']}{rounds} applied · loss {s['loss']:.3f} · "
+            f"codec {s['codec'].split(':', 1)[0]} · up {s['bytes_up'] / 1e6:.1f} MB · "
+            f"down {s['bytes_down'] / 1e6:.1f} MB"
+        )

@@ -1,0 +1,96 @@
+"""Held-out evaluation of the canonical weights, off the round's critical path.
+
+The caller hands over a copy of the weights; a worker thread loads it into a model of its
+own and calls the task's ``eval_loss``. A round that closes while an evaluation runs is
+not waited for: the next due round is evaluated once the worker is free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from skyfed.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    round: int
+    """The round whose closed weights were evaluated."""
+    loss: float
+    """The task's ``eval_loss`` on them."""
+    seconds: float
+    """How long the evaluation took (on the worker, not on any round)."""
+
+
+class Evaluator:
+    """Evaluates every ``every``-th round (and the final one) on one worker thread."""
+
+    def __init__(
+        self, task: Task, every: int, on_result: Callable[[EvalResult], None] | None = None
+    ) -> None:
+        self._eval_loss = getattr(task, "eval_loss", None)
+        self.every = every
+        self._model = task.build_model(0) if self.enabled else None
+        self._on_result = on_result
+        self._lock = threading.Lock()
+        self._busy = False
+        self._last_due = -1  # the last round index handed to the worker
+        self.latest: EvalResult | None = None
+        self.results: list[EvalResult] = []
+        self._worker: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._eval_loss is not None and self.every > 0
+
+    def due(self, round_: int, final: bool = False) -> bool:
+        """True if ``round_`` should be evaluated and the worker is free to take it."""
+        if not self.enabled or round_ <= self._last_due:
+            return False
+        # Due once another ``every`` rounds have closed since the last evaluation.
+        crossed = (round_ + 1) // self.every > (self._last_due + 1) // self.every
+        with self._lock:
+            return not self._busy and (crossed or final)
+
+    def submit(self, round_: int, weights: list[torch.Tensor]) -> None:
+        """Evaluate ``weights`` (a copy the evaluator may keep) of ``round_`` in the background."""
+        with self._lock:
+            self._busy, self._last_due = True, round_
+        self._worker = threading.Thread(
+            target=self._run, args=(round_, weights), name="eval", daemon=True
+        )
+        self._worker.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    def _run(self, round_: int, weights: list[torch.Tensor]) -> None:
+        started = time.monotonic()
+        try:
+            with torch.no_grad():
+                for p, w in zip(self._model.parameters(), weights, strict=True):
+                    p.copy_(w.to(p.dtype))
+            self._model.eval()
+            loss = float(self._eval_loss(self._model))
+        except Exception:  # a task's own eval must not take the coordinator down
+            log.exception("[Coordinator.Eval] round=%d failed", round_)
+            loss = float("nan")
+        result = EvalResult(round_, loss, time.monotonic() - started)
+        with self._lock:
+            self.latest = result
+            self.results.append(result)
+            self._busy = False
+        log.info(
+            "[Coordinator.Eval] round=%d eval_loss=%.4f seconds=%.2f", round_, loss, result.seconds
+        )
+        if self._on_result is not None:
+            self._on_result(result)

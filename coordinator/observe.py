@@ -1,0 +1,128 @@
+"""Watching a running federation from beside its round engine: the status snapshot for
+exporters and the CLI, the run history, held-out evaluation, TensorBoard.
+
+One thread polls the federation's status a few times a second and hands every newly
+closed round to the sinks; nothing here runs on a round's critical path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Protocol
+
+from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.evaluate import EvalResult, Evaluator
+from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.history import ROUNDS_FILE, RunHistory
+from skyfed.coordinator.snapshot import to_data, waiting_for
+from skyfed.tasks import load_task
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+
+
+class Sink(Protocol):
+    """Where closed rounds and evaluations go (the history file, TensorBoard)."""
+
+    def round(self, record: dict[str, Any], agents: list[dict[str, Any]]) -> Any: ...
+
+    def eval(self, result: EvalResult, wall_s: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Observer:
+    """Polls ``federation`` on its own thread until :meth:`close`."""
+
+    def __init__(self, federation: Federation, config: CoordinatorConfig) -> None:
+        self.federation = federation
+        self.config = config
+        self.sinks: list[Sink] = []
+        if config.run_dir is not None:
+            self.sinks.append(RunHistory(config.run_dir / ROUNDS_FILE))
+        if config.tensorboard is not None:
+            from skyfed.coordinator.tensorboard import TensorBoardSink
+
+            self.sinks.append(TensorBoardSink(config.tensorboard))
+        self.evaluator = Evaluator(load_task(config.task), config.eval_every, self._evaluated)
+        self._last_round = -1
+        self._waiting = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="observer", daemon=True)
+
+    def start(self) -> Observer:
+        self._thread.start()
+        return self
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status as plain data, with what only the wiring knows (see
+        ``skyfed.metrics.coordinator`` for the fields)."""
+        snap = to_data(self.federation.status())
+        snap["rounds_planned"] = self.config.rounds
+        snap["min_agents"] = self.config.min_agents
+        snap["task"] = self.config.task
+        latest = self.evaluator.latest
+        if latest is not None:
+            snap["eval"] = {"round": latest.round, "loss": latest.loss, "seconds": latest.seconds}
+        return snap
+
+    def close(self, eval_timeout_s: float = 60.0) -> None:
+        """Stop polling; hand over the last rounds and a final evaluation, then the sinks."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.evaluator.join(eval_timeout_s)  # free the worker for the final round
+        self.poll(final=True)
+        self.evaluator.join(eval_timeout_s)
+        for sink in self.sinks:
+            sink.close()
+
+    def poll(self, final: bool = False) -> dict[str, Any]:
+        snap = self.snapshot()
+        self._say_why_waiting(snap)
+        for r in snap["rounds"]:
+            if r["round"] > self._last_round:
+                self._last_round = r["round"]
+                record = _record(r, snap)
+                for sink in self.sinks:
+                    sink.round(record, snap["agents"])
+        done = final or snap["finished"]
+        if self._last_round >= 0 and self.evaluator.due(self._last_round, final=done):
+            round_, weights = self._weights()
+            self.evaluator.submit(round_, weights)
+        return snap
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except Exception:  # an observer must never stop the federation
+                log.exception("[Coordinator.Observe] poll failed")
+
+    def _weights(self) -> tuple[int, list]:
+        fed = self.federation
+        with fed.cond:  # a consistent copy: the round engine changes weights under it
+            return fed.round - 1, [w.clone() for w in fed.weights]
+
+    def _evaluated(self, result: EvalResult) -> None:
+        wall_s = time.monotonic() - self.federation.started_at
+        for sink in self.sinks:
+            sink.eval(result, wall_s)
+
+    def _say_why_waiting(self, snap: dict[str, Any]) -> None:
+        why = waiting_for(snap)
+        if why and why != self._waiting:
+            log.info("[Coordinator.Wait] %s", why)
+        self._waiting = why
+
+
+def _record(r: dict[str, Any], snap: dict[str, Any]) -> dict[str, Any]:
+    """A history line's figures for closed round ``r``; wall time is when it was seen."""
+    return {
+        **r,
+        "exchange_s": max(0.0, r["duration_s"] - r["train_s"]),
+        "wall_s": snap["uptime_s"],
+    }

@@ -1,0 +1,79 @@
+"""What a run leaves in its directory, as columns ready to plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skyfed.coordinator.history import ROUNDS_FILE, read
+
+STATUS_FILE = "status.json"
+
+
+@dataclass(slots=True)
+class LinkSeries:
+    """One agent's link, one entry per round it appears in."""
+
+    rounds: list[int] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    codec: list[str] = field(default_factory=list)
+    rtt_ms: list[float] = field(default_factory=list)
+    loss_pct: list[float] = field(default_factory=list)
+    bytes_up: list[int] = field(default_factory=list)
+    bytes_down: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RunData:
+    """A run's rounds (in order, one per round), its evaluations and its last status."""
+
+    rounds: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    status: dict[str, Any] | None
+    links: dict[str, LinkSeries]
+
+    def column(self, key: str) -> list[float]:
+        return [float(r.get(key, math.nan)) for r in self.rounds]
+
+    def wall_at(self, round_: int) -> float:
+        """Wall time (s) the given round closed at; NaN if unknown."""
+        for r in self.rounds:
+            if r["round"] == round_:
+                return float(r["wall_s"])
+        return math.nan
+
+
+def load(run_dir: Path) -> RunData:
+    """Read ``run_dir``; a clear error if it holds no history."""
+    path = run_dir / ROUNDS_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found: run the coordinator with --run-dir {run_dir} to record one"
+        )
+    rounds: dict[int, dict[str, Any]] = {}
+    evals: dict[int, dict[str, Any]] = {}
+    for line in read(path):
+        # A restarted coordinator appends: the latest line for a round wins.
+        (rounds if line.get("kind") == "round" else evals)[int(line["round"])] = line
+    ordered = [rounds[k] for k in sorted(rounds)]
+    status_path = run_dir / STATUS_FILE
+    status = json.loads(status_path.read_text()) if status_path.exists() else None
+    return RunData(ordered, [evals[k] for k in sorted(evals)], status, _links(ordered))
+
+
+def _links(rounds: list[dict[str, Any]]) -> dict[str, LinkSeries]:
+    links: dict[str, LinkSeries] = {}
+    for r in rounds:
+        for name, link in sorted(r.get("links", {}).items()):
+            s = links.setdefault(name, LinkSeries())
+            s.rounds.append(int(r["round"]))
+            s.wall_s.append(float(r["wall_s"]))
+            s.codec.append(str(link.get("codec", "")).split(":", 1)[0])
+            s.rtt_ms.append(float(link.get("rtt_ms", math.nan)))
+            s.loss_pct.append(float(link.get("loss_pct", math.nan)))
+            s.bytes_up.append(int(link.get("bytes_up", 0)))
+            s.bytes_down.append(int(link.get("bytes_down", 0)))
+    return links
