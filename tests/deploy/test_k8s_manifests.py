@@ -136,7 +136,7 @@ def test_exactly_one_overlay_hosts_the_coordinator():
     (sts,) = of_kind("aws", "StatefulSet")
     assert sts["spec"]["replicas"] == 1
     claims = [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]]
-    assert claims == ["checkpoints"]
+    assert claims == ["state"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -199,7 +199,9 @@ def test_coordinator_toml_agrees_with_its_pod_and_service(tmp_path):
     assert port_of(container, "probe") == config.probe_port
     protocols = {p["name"]: p["protocol"] for p in container["ports"]}
     assert protocols == {"grpc": "TCP", "probe": "UDP", "metrics": "TCP"}
-    assert mount(sts, container, "checkpoints")["mountPath"] == str(config.checkpoint_dir)
+    state = Path(mount(sts, container, "state")["mountPath"])
+    for path in (config.checkpoint_dir, config.run_dir, config.export):
+        assert path is not None and path.is_relative_to(state), f"{path} is not on the volume"
     assert mount(sts, container, "certs")["mountPath"] == str(config.certs)
     for service in of_kind("aws", "Service"):
         targets = {p["name"]: (p["targetPort"], p["protocol"]) for p in service["spec"]["ports"]}
