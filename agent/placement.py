@@ -82,6 +82,9 @@ def detect(launcher: str, env: Mapping[str, str]) -> Placement | None:
 
 
 def _slurm(env: Mapping[str, str]) -> Placement:
+    if "SLURM_STEP_ID" not in env:
+        # The batch script itself: its SLURM_NTASKS counts tasks that srun has not started.
+        raise ValueError("launcher slurm: not inside an srun step (run `srun agent start ...`)")
     rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
     local_rank = _int(env, "SLURM_LOCALID")
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""

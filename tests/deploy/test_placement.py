@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from skyfed.agent.cli import main as agent_cli
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.placement import Placement, detect, first_host
 from skyfed.agent.ranks import gpu_index, placed_config
@@ -68,7 +70,8 @@ def test_no_launcher_spawns_and_spawn_wins_over_the_environment():
 @pytest.mark.parametrize(
     ("launcher", "env", "message"),
     [
-        ("slurm", {}, "SLURM_PROCID is not set"),
+        ("slurm", {"SLURM_STEP_ID": "0"}, "SLURM_PROCID is not set"),
+        ("slurm", {**SRUN, "SLURM_STEP_ID": None}, "not inside an srun step"),
         ("torchrun", {**TORCHRUN, "RANK": "x"}, "RANK='x' is not an integer"),
         ("torchrun", {**TORCHRUN, "RANK": "2"}, "rank 2 is not in 0..1"),
         ("slurm", {**SRUN, "SLURM_STEP_NODELIST": "gpu[07-", "SLURM_JOB_NODELIST": ""}, "node"),
@@ -76,6 +79,7 @@ def test_no_launcher_spawns_and_spawn_wins_over_the_environment():
     ],
 )
 def test_a_launcher_whose_environment_is_wrong_is_a_clear_error(launcher, env, message):
+    env = {k: v for k, v in env.items() if v is not None}
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
         detect(launcher, env)
 
@@ -108,3 +112,17 @@ def test_a_rank_takes_the_gpu_of_its_local_rank_or_the_one_bound_to_it():
     assert gpu_index(placement, 4) == 1
     assert gpu_index(placement, 1) == 0  # srun --gpus-per-task=1: each task sees one
     assert gpu_index(placement, 0) is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (["--tp", "2"], SRUN, "tp=2 disagrees with slurm's 4 tasks"),
+        (["--launcher", "slurm"], {}, "not inside an srun step"),
+    ],
+)
+def test_agent_start_refuses_a_launch_that_cannot_form_its_site(pki, flags, env, message):
+    argv = ["start", "--cloud", "aws", "--certs", str(pki.directory), *flags]
+    result = CliRunner().invoke(agent_cli, argv, env=env)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
