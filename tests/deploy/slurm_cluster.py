@@ -28,7 +28,8 @@ def free_port() -> int:
 
 
 class SlurmCluster:
-    """One node (this host, ``hostname -s``), one partition ``debug``, root's jobs."""
+    """One node (this host, ``hostname -s``, with the CPUs ``nproc`` counts), one partition
+    ``debug``, root's jobs."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -125,7 +126,7 @@ SlurmdLogFile={root / "log" / "slurmd.log"}
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 
@@ -141,16 +142,26 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
         )
         return out.stdout.strip()
 
-    def sbatch(self, *args: str, env: dict[str, str] | None = None, timeout_s: float = 300):
+    def sbatch(
+        self, *args: str, env: dict[str, str] | None = None, timeout_s: float = 200
+    ) -> subprocess.CompletedProcess[str]:
         """``sbatch --wait ARGS``: returns when the job has ended, with its exit status."""
-        return subprocess.run(
-            ["sbatch", "--wait", *args],
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        try:
+            return subprocess.run(
+                ["sbatch", "--wait", *args],
+                env={**self.env, **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            queue = subprocess.run(
+                ["squeue", "--format=%i %T %r"], env=self.env, capture_output=True, text=True
+            )
+            raise AssertionError(
+                f"sbatch job still not done after {timeout_s} s:\n{queue.stdout}{self.logs()}"
+            ) from None
 
     def logs(self) -> str:
         """The daemons' logs, tail of each: what a failing test shows."""
