@@ -47,7 +47,8 @@ class AgentConfig:
     tp: int = 1
     """Local tensor-parallel ranks, one process each (see ``skyfed.agent.ranks``)."""
     device: str = "auto"
-    """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``) or
+    """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``; under a
+    launcher, the GPU of the local rank) or
     ``auto`` (``cuda`` when there are at least ``tp`` GPUs, else ``cpu``)."""
     launcher: str = "auto"
     """Who starts the site's ranks: ``spawn`` (this command starts ``tp`` rank processes),
