@@ -23,6 +23,7 @@ proto:
 # docs/configuration.md, from the config dataclasses' field docstrings.
 docs:
 	python -m skyfed.configref
+	python -m skyfed.metrics.reference
 
 bench:
 	python bench/compression.py && python bench/convergence.py

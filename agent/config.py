@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyfed.agent.placement import LAUNCHERS
+from skyfed.validate import require
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -89,8 +90,7 @@ class AgentConfig:
             (self.give_up_after_s >= 0, "give_up_after_s", ">= 0"),
         ]
         for ok, field, what in checks:
-            if not ok:
-                raise ValueError(f"agent option {field}={getattr(self, field)!r} must be {what}")
+            require("agent", ok, field, getattr(self, field), what)
         if self.metrics_listen:
             from skyfed.metrics.http import parse_listen
 
@@ -100,5 +100,5 @@ class AgentConfig:
             self.cert = self.cert or self.certs / f"{self.name}.crt"
             self.key = self.key or self.certs / f"{self.name}.key"
         for field in ("ca", "cert", "key"):
-            if getattr(self, field) is None:
-                raise ValueError(f"agent option {field} must be set (or give certs=DIR)")
+            value = getattr(self, field)
+            require("agent", value is not None, field, value, "set (or give certs=DIR)")

@@ -21,7 +21,7 @@ def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
     return {
         "name": config.name,
         "cloud": config.cloud,
-        "connected": connected(agent),
+        "connected": agent.connected,
         "round": agent.last_round,
         "rounds_applied": agent.applied,
         "loss": agent.last_loss,
@@ -29,11 +29,6 @@ def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
         "bytes_down": agent.bytes_down,
         "codec": agent.codec,
     }
-
-
-def connected(agent: Any) -> bool:
-    """In a session now. The daemon keeps it private until its restructure lands."""
-    return bool(agent._connected)
 
 
 def start_metrics(agent: Any, config: AgentConfig) -> MetricsServer | None:
@@ -44,7 +39,7 @@ def start_metrics(agent: Any, config: AgentConfig) -> MetricsServer | None:
     registry.register(AgentCollector(lambda: snapshot(agent, config)))
 
     def ready() -> tuple[bool, str]:
-        return (True, "") if connected(agent) else (False, "not in a session")
+        return (True, "") if agent.connected else (False, "not in a session")
 
     return MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
 

@@ -1,4 +1,5 @@
-"""The admin side: calling ``Status`` over mTLS and showing it to a person.
+"""The admin side: calling ``Status`` over mTLS (an edge, like the agent's link) and
+showing it to a person.
 
 The tables take the status as plain data (``skyfed.coordinator.snapshot``), so the live
 view of ``coordinator serve``, ``coordinator status`` and the demo show the same thing.
@@ -16,24 +17,27 @@ from rich.console import Console
 from rich.table import Table
 
 from skyfed.coordinator.snapshot import to_data
+from skyfed.coordinator.status import Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
 
 Snapshot = dict[str, Any]
 
 
 def fetch_status(
     address: str, certs: Path, name: str, timeout_s: float = 5.0, windows: bool = False
-) -> pb.StatusReply:
+) -> Status:
     creds = grpc.ssl_channel_credentials(
         root_certificates=(certs / "ca.crt").read_bytes(),
         private_key=(certs / f"{name}.key").read_bytes(),
         certificate_chain=(certs / f"{name}.crt").read_bytes(),
     )
     with grpc.secure_channel(address, creds) as channel:
-        return pb_grpc.FederationStub(channel).Status(
+        reply = pb_grpc.FederationStub(channel).Status(
             pb.StatusRequest(windows=windows), timeout=timeout_s
         )
+    return serde.status_from_proto(reply)
 
 
 def fetch_snapshot(address: str, certs: Path, name: str, timeout_s: float = 5.0) -> Snapshot:
@@ -99,14 +103,16 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
             f"{rounds[0]['mean_loss']:.3f} (round 0) -> {rounds[-1]['mean_loss']:.3f} "
             f"(round {rounds[-1]['round']})",
         )
-    evaluated = snap.get("eval")
-    if evaluated and math.isfinite(evaluated["loss"]):
+    if snap.get("eval_round", -1) >= 0 and math.isfinite(snap["eval_loss"]):
         table.add_row(
-            "held-out loss", f"{evaluated['loss']:.3f} (weights of round {evaluated['round']})"
+            "held-out loss", f"{snap['eval_loss']:.3f} (weights of round {snap['eval_round']})"
         )
     table.add_row("coordinator", f"weights {snap['weights_digest'][:16]}")
     return table
 
 
-def render_status(reply: pb.StatusReply) -> None:
-    Console().print(agents_table(to_data(reply)))
+def render_status(reply: Status) -> None:
+    from skyfed.coordinator.progress import headline  # the live view's first line
+
+    snap = to_data(reply)
+    Console().print(headline(snap), agents_table(snap))

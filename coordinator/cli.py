@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -15,7 +17,10 @@ from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.progress import LiveView, WatchLoop
 from skyfed.logs import FORMATS, setup_logging
-from skyfed.proto.serde import EXCHANGES
+from skyfed.wire import EXCHANGES
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.server import Running
 
 
 @click.group()
@@ -106,31 +111,42 @@ def serve(
         )
     except (ValueError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
-    from skyfed.coordinator.server import run_server
-
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     console = Console(stderr=True)
     started = time.monotonic()
-    with run_server(config) as running:
+    from skyfed.coordinator.server import run_server  # grpc and torch: after the checks
+
+    stack = contextlib.ExitStack()
+    try:
+        running = stack.enter_context(run_server(config))
+    except (RuntimeError, OSError) as exc:  # a checkpoint of another model, a missing extra
+        raise click.ClickException(str(exc)) from exc
+    with stack:
         click.echo(f"coordinator listening on port {running.port}", err=True)
         if running.metrics_port is not None:
             host = config.metrics_listen.rpartition(":")[0]
             click.echo(f"metrics on http://{host}:{running.metrics_port}/metrics", err=True)
-        view = None
-        if console.is_terminal and not no_progress and log_format != "json":
-            view = LiveView(running.observer.snapshot, console).start()
-        try:
-            # The driver ends after the last round once the agents have closed their
-            # streams (bounded by final_wait_s), or when stopped.
-            while not stop.is_set() and running.driver.is_alive():
-                stop.wait(0.2)
-        finally:
-            if view is not None:
-                view.close()
-    snap = running.observer.snapshot()
-    console.print(summary_table(snap, time.monotonic() - started, title="skyfed run summary"))
+        live = console.is_terminal and not no_progress and log_format != "json"
+        _until_done(running, stop, console if live else None)
+    _goodbye(config, running.observer.snapshot(), time.monotonic() - started, console)
+
+
+def _until_done(running: Running, stop: threading.Event, console: Console | None) -> None:
+    """Wait for the driver to end (after the last round, once the agents have closed their
+    streams, bounded by final_wait_s) or a signal; a live view on ``console`` meanwhile."""
+    view = LiveView(running.observer.snapshot, console).start() if console else None
+    try:
+        while not stop.is_set() and running.driver.is_alive():
+            stop.wait(0.2)
+    finally:
+        if view is not None:
+            view.close()
+
+
+def _goodbye(config: CoordinatorConfig, snap: dict, wall_s: float, console: Console) -> None:
+    console.print(summary_table(snap, wall_s, title="skyfed run summary"))
     if config.run_dir is not None:
         click.echo(f"run directory: {config.run_dir} (skyfed report {config.run_dir})", err=True)
     if config.export is not None:
@@ -190,8 +206,8 @@ def status(
         return
     reply = fetch_status(address, certs, name, windows=windows)
     if as_json:
-        from google.protobuf.json_format import MessageToJson
+        from skyfed.proto.serde import status_to_json
 
-        click.echo(MessageToJson(reply))
+        click.echo(status_to_json(reply))
     else:
         render_status(reply)

@@ -1,8 +1,9 @@
 """Watching a running federation from beside its round engine: the status snapshot for
 exporters and the CLI, the run history, held-out evaluation, TensorBoard.
 
-One thread polls the federation's status a few times a second and hands every newly
-closed round to the sinks; nothing here runs on a round's critical path.
+One thread, woken by every closed round (and every half second), reads the federation's
+status and hands each newly closed round to the sinks; nothing here runs on a round's
+critical path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1
+POLL_S = 0.5  # between rounds: only for the waiting line
 
 
 class Sink(Protocol):
@@ -35,7 +36,7 @@ class Sink(Protocol):
 
 
 class Observer:
-    """Polls ``federation`` on its own thread until :meth:`close`."""
+    """Watches ``federation`` on its own thread from :meth:`start` to :meth:`close`."""
 
     def __init__(self, federation: Federation, config: CoordinatorConfig) -> None:
         self.federation = federation
@@ -58,15 +59,9 @@ class Observer:
         return self
 
     def snapshot(self) -> dict[str, Any]:
-        """The status as plain data, with what only the wiring knows (see
-        ``skyfed.metrics.coordinator`` for the fields)."""
+        """The status as plain data, plus the task's name (``skyfed.metrics.coordinator``)."""
         snap = to_data(self.federation.status())
-        snap["rounds_planned"] = self.config.rounds
-        snap["min_agents"] = self.config.min_agents
         snap["task"] = self.config.task
-        latest = self.evaluator.latest
-        if latest is not None:
-            snap["eval"] = {"round": latest.round, "loss": latest.loss, "seconds": latest.seconds}
         return snap
 
     def close(self, eval_timeout_s: float = 60.0) -> None:
@@ -86,7 +81,7 @@ class Observer:
         for r in snap["rounds"]:
             if r["round"] > self._last_round:
                 self._last_round = r["round"]
-                record = _record(r, snap)
+                record = _record(r)
                 for sink in self.sinks:
                     sink.round(record, snap["agents"])
         done = final or snap["finished"]
@@ -96,7 +91,10 @@ class Observer:
         return snap
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        closed = self.federation.round_closed
+        while not self._stop.is_set():
+            closed.wait(POLL_S)  # woken by each closed round; else polls for the waiting line
+            closed.clear()
             try:
                 self.poll()
             except Exception:  # an observer must never stop the federation
@@ -108,7 +106,10 @@ class Observer:
             return fed.round - 1, [w.clone() for w in fed.weights]
 
     def _evaluated(self, result: EvalResult) -> None:
-        wall_s = time.monotonic() - self.federation.started_at
+        fed = self.federation
+        wall_s = time.monotonic() - fed.started_at
+        with fed.cond:
+            fed.evaluation = result
         for sink in self.sinks:
             sink.eval(result, wall_s)
 
@@ -119,10 +120,7 @@ class Observer:
         self._waiting = why
 
 
-def _record(r: dict[str, Any], snap: dict[str, Any]) -> dict[str, Any]:
-    """A history line's figures for closed round ``r``; wall time is when it was seen."""
-    return {
-        **r,
-        "exchange_s": max(0.0, r["duration_s"] - r["train_s"]),
-        "wall_s": snap["uptime_s"],
-    }
+def _record(r: dict[str, Any]) -> dict[str, Any]:
+    """A history line's figures for closed round ``r``."""
+    record = {k: v for k, v in r.items() if k != "opened_at"}  # monotonic: meaningless later
+    return {**record, "exchange_s": max(0.0, r["duration_s"] - r["train_s"])}

@@ -35,9 +35,8 @@ def headline(snap: dict[str, Any]) -> str:
         if planned:
             parts.append(f"ETA {_clock(per_round * max(0, planned - done))}")
         parts.append(f"loss {rounds[-1]['mean_loss']:.3f}")
-    evaluated = snap.get("eval")
-    if evaluated:
-        parts.append(f"held-out {evaluated['loss']:.3f} (round {evaluated['round']})")
+    if snap.get("eval_round", -1) >= 0:
+        parts.append(f"held-out {snap['eval_loss']:.3f} (round {snap['eval_round']})")
     if snap.get("finished"):
         parts.append("finished")
     return " · ".join(parts)

@@ -19,11 +19,10 @@ from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.service import FederationServicer
+from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
 from skyfed.metrics.coordinator import CoordinatorCollector
 from skyfed.metrics.http import MetricsServer
-from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -58,6 +57,11 @@ def build_federation(config: CoordinatorConfig) -> Federation:
 def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     """Serve until the block exits; binds ``config.listen`` (port 0 picks one)."""
     federation = build_federation(config)
+    # What can refuse to start (a missing extra, a taken metrics port) does so before the
+    # federation's port opens; /readyz answers 503 until the driver runs.
+    observer = Observer(federation, config)
+    driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
+    metrics = _start_metrics(config, observer, driver)
     assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
     creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
     limit = config.max_chunk_bytes + ENVELOPE_BYTES
@@ -76,9 +80,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
     )
-    pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(federation, PeerAuthenticator(config.crl, config.ca)), server
-    )
+    serve_federation(server, federation, PeerAuthenticator(config.crl, config.ca))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)
@@ -88,10 +90,8 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     federation.links.echo = echo
     server.start()
     _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
-    driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
     driver.start()
-    observer = Observer(federation, config).start()
-    metrics = _start_metrics(config, observer, driver)
+    observer.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
     if config.port_file is not None:
         config.port_file.write_text(f"{port}\n")

@@ -1,24 +1,17 @@
-"""The status as plain data (dicts, lists, numbers), for exporters, the history and the CLI.
-
-Converted generically from the status message by its descriptor, so this module needs no
-generated code and new status fields appear without an edit here.
-"""
+"""The status as plain data (dicts, lists, numbers), for exporters, the history and the CLI:
+what they read is JSON-shaped, so a new status field reaches them without an edit here."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from skyfed.coordinator.status import Status
 
-def to_data(message: Any) -> dict[str, Any]:
-    """Every field of a protobuf message by its proto name; nested messages become dicts."""
-    out: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        if field.message_type is not None:
-            out[field.name] = [to_data(v) for v in value] if field.is_repeated else to_data(value)
-        else:
-            out[field.name] = list(value) if field.is_repeated else value
-    return out
+
+def to_data(status: Status) -> dict[str, Any]:
+    """Every field of ``status`` by name; nested dataclasses become dicts."""
+    return dataclasses.asdict(status)
 
 
 def waiting_for(snap: dict[str, Any]) -> str:

@@ -238,7 +238,7 @@ class LinkWindow(_message.Message):
     def __init__(self, start_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., probes: _Optional[int] = ..., probes_lost: _Optional[int] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,8 @@ class AgentStatus(_message.Message):
     JITTER_MS_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_MBIT_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_UP_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -269,10 +271,12 @@ class AgentStatus(_message.Message):
     jitter_ms: float
     goodput_mbit: float
     windows: _containers.RepeatedCompositeFieldContainer[LinkWindow]
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ...) -> None: ...
+    raw_bytes_up: int
+    raw_bytes_down: int
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ...) -> None: ...
 
 class RoundStat(_message.Message):
-    __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec")
+    __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec", "wall_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     TRAIN_S_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +287,7 @@ class RoundStat(_message.Message):
     RAW_BYTES_UP_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
     DOWNLINK_CODEC_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     duration_s: float
     train_s: float
@@ -293,10 +298,18 @@ class RoundStat(_message.Message):
     raw_bytes_up: int
     raw_bytes_down: int
     downlink_codec: str
-    def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ...) -> None: ...
+    wall_s: float
+    def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange")
+    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange", "rounds_planned", "min_agents", "refusals", "checkpoints", "checkpoint_s", "eval_round", "eval_loss")
+    class RefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +317,13 @@ class StatusReply(_message.Message):
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    MIN_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     round: int
     agents: _containers.RepeatedCompositeFieldContainer[AgentStatus]
     weights_digest: str
@@ -311,4 +331,11 @@ class StatusReply(_message.Message):
     rounds: _containers.RepeatedCompositeFieldContainer[RoundStat]
     finished: bool
     exchange: str
-    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ...) -> None: ...
+    rounds_planned: int
+    min_agents: int
+    refusals: _containers.ScalarMap[str, int]
+    checkpoints: int
+    checkpoint_s: float
+    eval_round: int
+    eval_loss: float
+    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ..., rounds_planned: _Optional[int] = ..., min_agents: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., checkpoints: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., eval_round: _Optional[int] = ..., eval_loss: _Optional[float] = ...) -> None: ...

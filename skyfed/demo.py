@@ -7,13 +7,11 @@ this module only wires them together, watches ``Status`` and prints the summary.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,11 +21,12 @@ from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
 from skyfed.coordinator.admin import summary_table as run_summary
 from skyfed.coordinator.snapshot import to_data
+from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.serde import EXCHANGES
+from skyfed.proto import serde
 from skyfed.report import make_report
-from skyfed.report.data import load as load_run
+from skyfed.validate import require
+from skyfed.wire import EXCHANGES
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -50,23 +49,18 @@ class DemoConfig:
     """Give up if the run takes longer than this."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if self.local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
-        if self.exchange not in EXCHANGES:
-            raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
+        require("demo", self.rounds >= 1, "rounds", self.rounds, ">= 1")
+        require("demo", self.local_steps >= 1, "local_steps", self.local_steps, ">= 1")
+        require("demo", self.exchange in EXCHANGES, "exchange", self.exchange, f"in {EXCHANGES}")
 
 
 @dataclass(slots=True)
 class DemoResult:
-    status: pb.StatusReply
+    status: Status
     reports: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
     report: Path | None = None
     """The run report's page (``skyfed report``)."""
-    eval: dict | None = None
-    """The last held-out evaluation: ``{"round", "loss"}``."""
 
     @property
     def identical(self) -> bool:
@@ -115,9 +109,6 @@ def _run(config: DemoConfig, work: Path, console: Console, run_dir: Path) -> Dem
     }
     result = DemoResult(status, reports, time.monotonic() - started)
     result.report = make_report(run_dir)
-    evals = [e for e in load_run(run_dir).evals if math.isfinite(e["eval_loss"])]
-    if evals:
-        result.eval = {"round": evals[-1]["round"], "loss": evals[-1]["eval_loss"]}
     return result
 
 
@@ -147,7 +138,7 @@ def _watch(
     address: str,
     console: Console,
     started: float,
-) -> pb.StatusReply:
+) -> Status:
     """Live progress from ``Status``; the final figures come from the coordinator's file."""
     progress = Progress(
         TextColumn("[bold]rounds"),
@@ -177,16 +168,13 @@ def _watch(
         raise RuntimeError(
             f"coordinator exited with {coordinator.returncode}:\n{kids.log('coordinator')[-2000:]}"
         )
-    final = json_format.Parse((run_dir / "status.json").read_text(), pb.StatusReply())
+    final = serde.status_from_json((run_dir / "status.json").read_text())
     progress.update(task, completed=len(final.rounds))
     return final
 
 
 def summary_table(result: DemoResult) -> Table:
-    snap = to_data(result.status)
-    if result.eval is not None:
-        snap["eval"] = result.eval
-    table = run_summary(snap, result.wall_s, title="skyfed demo summary")
+    table = run_summary(to_data(result.status), result.wall_s, title="skyfed demo summary")
     for name, rep in sorted(result.reports.items()):
         table.add_row(
             f"agent {name}", f"weights {rep['weights_digest'][:16]} after round {rep['round']}"

@@ -33,3 +33,6 @@ def test_demo_runs_and_reports_identical_agents(tmp_path):
     assert "all agents bit-identical" in result.stdout
     assert re.search(r"training \d+ ms \+ exchange \d+ ms", result.stdout), result.stdout[-3000:]
     assert "smaller" in result.stdout
+    report = tmp_path / "run" / "report.html"
+    assert report.exists() and "report" in result.stdout
+    assert "held-out loss" in result.stdout

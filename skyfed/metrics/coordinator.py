@@ -1,12 +1,10 @@
 """The coordinator's exporter: reads the status snapshot at scrape time, so the round engine
 itself makes no metric calls.
 
-The snapshot is the status as plain data (``skyfed.coordinator.snapshot``): the fields of
-``StatusReply`` by their proto names, plus optional ``rounds_planned``, ``min_agents``,
-``task``, ``eval`` (``{"round", "loss"}``), ``refusals`` (``{code name: count}``) and
-``checkpoints`` (``{"count", "seconds"}``); an agent entry may add ``raw_bytes_up``,
-``raw_bytes_down``, ``streams`` and ``floor_ratio``. Missing optional fields leave their
-metric without samples.
+The snapshot is the status as plain data (``skyfed.coordinator.snapshot``: the fields of
+``coordinator/status.py`` by name) plus ``task``; an agent entry may also carry ``streams``
+and ``floor_ratio`` once the link reports them. A missing field leaves its metric without
+samples.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from skyfed.compression import codec_names
 from skyfed.metrics.catalog import COORDINATOR, ROUND_BUCKETS_S
@@ -60,7 +59,10 @@ class RoundTally:
 
     def histogram(self) -> list[tuple[str, float]]:
         return [
-            *((f"{b:g}", float(n)) for b, n in zip(ROUND_BUCKETS_S, self.buckets, strict=True)),
+            *(
+                (floatToGoString(b), float(n))
+                for b, n in zip(ROUND_BUCKETS_S, self.buckets, strict=True)
+            ),
             ("+Inf", float(self.count)),
         ]
 
@@ -105,10 +107,9 @@ def _federation(out: Families, snap: Snapshot, tally: RoundTally) -> None:
         loss = float(rounds[-1]["mean_loss"])
         if math.isfinite(loss):
             out.add("skyfed_training_loss", loss)
-    evaluated = snap.get("eval")
-    if evaluated:
-        out.add("skyfed_eval_loss", float(evaluated["loss"]))
-        out.add("skyfed_eval_round", int(evaluated["round"]))
+    if int(snap.get("eval_round", -1)) >= 0 and math.isfinite(snap["eval_loss"]):
+        out.add("skyfed_eval_loss", float(snap["eval_loss"]))
+        out.add("skyfed_eval_round", int(snap["eval_round"]))
     states = {s: 0 for s in STATES}
     for agent in snap.get("agents", ()):
         states[agent["state"]] = states.get(agent["state"], 0) + 1
@@ -118,10 +119,9 @@ def _federation(out: Families, snap: Snapshot, tally: RoundTally) -> None:
         out.add("skyfed_agents_expected", int(snap["min_agents"]))
     for code, n in sorted(snap.get("refusals", {}).items()):
         out.add("skyfed_refusals_total", n, code)
-    ckpt = snap.get("checkpoints")
-    if ckpt:
-        out.add("skyfed_checkpoints_total", int(ckpt["count"]))
-        out.add("skyfed_checkpoint_seconds_total", float(ckpt["seconds"]))
+    if "checkpoints" in snap:
+        out.add("skyfed_checkpoints_total", int(snap["checkpoints"]))
+        out.add("skyfed_checkpoint_seconds_total", float(snap["checkpoint_s"]))
 
 
 def _link(out: Families, agent: Mapping[str, Any], counters: Monotone) -> None:

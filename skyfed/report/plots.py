@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: the report is made on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # noqa: E402
 
 from skyfed.report.data import RunData  # noqa: E402
 
@@ -55,6 +55,9 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
     with plt.rc_context(STYLE):
         for name, draw in figures.items():
             fig = draw(data)
+            for ax in fig.get_axes():
+                if ax.get_xlabel() == "round":
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             path = out / f"{name}.png"
             fig.savefig(path, bbox_inches="tight")
             plt.close(fig)
@@ -150,7 +153,9 @@ def _links(data: RunData) -> plt.Figure:
             twin.spines["right"].set_visible(True)
         ax.set_ylabel("RTT (ms)", color=PALETTE[0])
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("round" if i == len(names) - 1 else "")
+        ax.set_xlabel("round")  # every row's: it marks the axis as one of rounds
+        if i < len(names) - 1:
+            ax.xaxis.label.set_visible(False)
     used = sorted(
         {c for s in data.links.values() for c in s.codec},
         key=lambda c: list(CODEC_COLORS).index(c) if c in CODEC_COLORS else len(CODEC_COLORS),

@@ -1,0 +1,134 @@
+"""The coordinator's status as plain dataclasses: who is connected and how, recent rounds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from skyfed.compression.monitor import Window
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.federation import Federation
+    from skyfed.coordinator.session import Session
+
+
+@dataclass(slots=True)
+class RoundStats:
+    """One round's figures; the open round's are filled in as it goes."""
+
+    round: int
+    opened_at: float = 0.0
+    duration_s: float = 0.0
+    train_s: float = 0.0
+    contributors: int = 0
+    mean_loss: float = float("nan")
+    bytes_up: int = 0
+    bytes_down: int = 0
+    raw_bytes_up: int = 0
+    raw_bytes_down: int = 0
+    downlink_codec: str = ""
+    wall_s: float = 0.0
+    """Seconds since the coordinator started, when the round closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    cloud: str
+    name: str
+    state: str
+    last_round: int
+    codec: str
+    rtt_ms: float
+    bytes_up: int
+    bytes_down: int
+    connected_s: float
+    codec_switches: int
+    refused: int
+    loss_pct: float
+    jitter_ms: float
+    goodput_mbit: float
+    windows: list[Window] = field(default_factory=list)
+    """The link monitor's closed windows, oldest first (only when asked for)."""
+    raw_bytes_up: int = 0
+    """What the link's contributions weigh as fp32, in bytes."""
+    raw_bytes_down: int = 0
+    """What the link's broadcasts weigh as fp32, in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What ``Status`` answers and the status file holds (``StatusReply`` on the wire)."""
+
+    round: int
+    agents: list[AgentStatus]
+    weights_digest: str
+    uptime_s: float
+    rounds: list[RoundStats]
+    finished: bool
+    exchange: str
+    rounds_planned: int = 0
+    """Rounds this run trains (0: until stopped)."""
+    min_agents: int = 1
+    """Agents the first round (and the first after a restart) waits for."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Refused contributions and peers, by gRPC status code name."""
+    checkpoints: int = 0
+    """Checkpoints written since the coordinator started."""
+    checkpoint_s: float = 0.0
+    """Seconds spent writing them."""
+    eval_round: int = -1
+    """Round of the last held-out evaluation (-1: none yet)."""
+    eval_loss: float = 0.0
+    """Its loss: the task's ``eval_loss`` on the canonical weights (0 while ``eval_round``
+    is -1)."""
+
+
+def build_status(fed: Federation, windows: bool = False) -> Status:
+    """A snapshot of ``fed``; the caller holds its lock. ``windows`` adds raw link samples."""
+    now = time.monotonic()
+    return Status(
+        round=fed.round,
+        agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()],
+        weights_digest=fed.weights_digest,
+        uptime_s=now - fed.started_at,
+        rounds=[replace(r) for r in fed.history],
+        finished=fed.finished,
+        exchange=fed.config.exchange,
+        rounds_planned=fed.config.rounds,
+        min_agents=fed.config.min_agents,
+        refusals=dict(fed.refusals),
+        checkpoints=fed.checkpoints,
+        checkpoint_s=fed.checkpoint_s,
+        eval_round=fed.evaluation.round if fed.evaluation else -1,
+        eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
+    )
+
+
+def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatus:
+    return AgentStatus(
+        cloud=s.identity.cloud or "",
+        name=s.identity.name,
+        state=s.state,
+        last_round=s.last_round,
+        codec=s.codec,
+        rtt_ms=s.rtt_ms,
+        bytes_up=s.bytes_up,
+        bytes_down=s.bytes_down,
+        connected_s=now - s.joined_at,
+        codec_switches=s.codec_switches,
+        refused=s.refused,
+        loss_pct=s.loss_pct,
+        jitter_ms=s.jitter_ms,
+        goodput_mbit=s.goodput_mbit,
+        windows=_windows(fed, s) if windows else [],
+        raw_bytes_up=s.raw_bytes_up,
+        raw_bytes_down=s.raw_bytes_down,
+    )
+
+
+def _windows(fed: Federation, session: Session) -> list[Window]:
+    link = fed.links.get(session)
+    if link is None:
+        return []
+    return list(link.monitor.window_log)

@@ -1,0 +1,42 @@
+"""Held-out evaluation runs beside the rounds, on the weights it was handed."""
+
+from __future__ import annotations
+
+import threading
+
+from skyfed.coordinator.evaluate import EvalResult, Evaluator
+from skyfed.tasks import load_task
+
+TASK = "skyfed.tasks.examples:mlp_task"
+
+
+def test_evaluation_is_due_every_n_rounds_and_after_the_last():
+    evaluator = Evaluator(load_task(TASK), every=5)
+    assert not any(evaluator.due(r) for r in range(4)) and evaluator.due(4)
+    evaluator._last_due = 4
+    assert not evaluator.due(5) and not evaluator.due(8) and evaluator.due(9)
+    assert evaluator.due(6, final=True)
+    assert evaluator.due(11)  # round 9 was missed while the worker was busy: 11 goes instead
+    evaluator._last_due = 11
+    assert not evaluator.due(13) and evaluator.due(14)
+
+
+def test_evaluation_runs_on_a_worker_and_reports_the_tasks_eval_loss():
+    task = load_task(TASK)
+    model = task.build_model(3)
+    done = threading.Event()
+    got: list[EvalResult] = []
+    evaluator = Evaluator(task, every=1, on_result=lambda r: (got.append(r), done.set()))
+    evaluator.submit(7, [p.detach().clone() for p in model.parameters()])
+    assert done.wait(30)
+    assert got[0].round == 7 and got[0].loss == task.eval_loss(model)
+    assert evaluator.latest == got[0]
+
+
+def test_a_task_without_eval_loss_is_never_evaluated():
+    class NoEval:
+        def build_model(self, seed):  # pragma: no cover - never called
+            raise AssertionError
+
+    evaluator = Evaluator(NoEval(), every=1)
+    assert not evaluator.enabled and not evaluator.due(0, final=True)

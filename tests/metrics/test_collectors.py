@@ -1,0 +1,118 @@
+"""The exporters read a snapshot: counters stay monotone, rounds are counted once."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from skyfed.metrics.agent import AgentCollector
+from skyfed.metrics.coordinator import CoordinatorCollector
+
+
+def round_stat(n: int, duration_s: float = 0.4, train_s: float = 0.3) -> dict:
+    return {
+        "round": n,
+        "duration_s": duration_s,
+        "train_s": train_s,
+        "contributors": 2,
+        "mean_loss": 2.5,
+        "bytes_up": 100,
+        "bytes_down": 50,
+        "raw_bytes_up": 400,
+        "raw_bytes_down": 200,
+        "downlink_codec": "fp16",
+    }
+
+
+def agent(name: str, bytes_up: int) -> dict:
+    return {
+        "name": name,
+        "state": "idle",
+        "codec": "topk:density=0.05",
+        "bytes_up": bytes_up,
+        "bytes_down": 10,
+        "rtt_ms": 120.0,
+        "jitter_ms": 4.0,
+        "loss_pct": 1.5,
+        "goodput_mbit": 80.0,
+        "codec_switches": 1,
+        "last_round": 3,
+    }
+
+
+def scrape(collector) -> dict[tuple[str, tuple], float]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+class Status:
+    def __init__(self) -> None:
+        self.snap = {"round": 0, "rounds": [], "agents": [], "uptime_s": 1.0}
+
+    def __call__(self) -> dict:
+        return self.snap
+
+
+def test_rounds_seen_in_two_scrapes_are_counted_once():
+    status = Status()
+    collector = CoordinatorCollector(status)
+    status.snap["rounds"] = [round_stat(0), round_stat(1)]
+    scrape(collector)
+    status.snap["rounds"] = [round_stat(1), round_stat(2, duration_s=3.0)]
+    got = scrape(collector)
+    assert got[("skyfed_rounds_total", ())] == 3
+    assert got[("skyfed_round_duration_seconds_count", ())] == 3
+    assert got[("skyfed_round_duration_seconds_bucket", (("le", "0.5"),))] == 2
+    assert got[("skyfed_round_duration_seconds_bucket", (("le", "5.0"),))] == 3
+    assert got[("skyfed_round_exchange_seconds_total", ())] == 0.1 + 0.1 + 2.7
+    assert got[("skyfed_bytes_total", (("direction", "up"), ("kind", "raw")))] == 1200
+
+
+def test_link_bytes_stay_monotone_across_a_reconnect():
+    status = Status()
+    collector = CoordinatorCollector(status)
+    status.snap["agents"] = [agent("aws-1", 1000)]
+    scrape(collector)
+    status.snap["agents"] = [agent("aws-1", 300)]  # a new session counts from zero
+    got = scrape(collector)
+    key = (("agent", "aws-1"), ("direction", "up"), ("kind", "wire"))
+    assert got[("skyfed_link_bytes_total", key)] == 1300
+
+
+def test_link_gauges_are_in_base_units_and_the_codec_is_an_enum():
+    status = Status()
+    status.snap["agents"] = [agent("gcp-1", 5)]
+    got = scrape(CoordinatorCollector(status))
+    one = (("agent", "gcp-1"),)
+    assert got[("skyfed_link_rtt_seconds", one)] == 0.12
+    assert got[("skyfed_link_loss_ratio", one)] == 0.015
+    assert got[("skyfed_link_goodput_bytes_per_second", one)] == 10e6
+    codecs = {k[1][1][1]: v for k, v in got.items() if k[0] == "skyfed_link_codec"}
+    assert codecs == {"fp32": 0, "fp16": 0, "bf16": 0, "topk": 1, "ecsgd": 0}
+    assert got[("skyfed_agents", (("state", "idle"),))] == 1
+
+
+def test_agent_exporter_reads_its_snapshot():
+    snap = {
+        "name": "aws-1",
+        "cloud": "aws",
+        "connected": True,
+        "round": 4,
+        "rounds_applied": 5,
+        "loss": 2.0,
+        "bytes_up": 7,
+        "bytes_down": 9,
+        "codec": "ecsgd:bits=2",
+    }
+    got = scrape(AgentCollector(lambda: snap))
+    assert got[("skyfed_agent_connected", ())] == 1
+    assert got[("skyfed_agent_rounds_total", ())] == 5
+    assert got[("skyfed_agent_bytes_total", (("direction", "down"),))] == 9
+    assert got[("skyfed_agent_codec", (("codec", "ecsgd"),))] == 1
