@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 import click
 import torch
@@ -113,10 +114,24 @@ def rank_main(spec: RankSpec) -> None:
     who = spec.config.name if spec.rank == 0 else f"{spec.config.name}/rank{spec.rank}"
     setup_logging(spec.log_level if spec.rank == 0 else "ERROR", who=who)
     store = dist.TCPStore(STORE_HOST, spec.store_port, is_master=False)
-    sys.exit(serve_rank(spec.config, spec.rank, spec.device_type, store))
+    exit_rank(serve_rank(spec.config, spec.rank, spec.device_type, store))
 
 
-def run_placed(config: AgentConfig, placement: Placement, log_level: str | None) -> int:
+def exit_rank(code: int) -> NoReturn:
+    """End a rank process whose site has stopped and whose process groups are destroyed.
+
+    Its supervisor (``agent start``, srun, torchrun) judges it by its exit code alone, and
+    interpreter teardown from here sometimes aborts in torch's C++ destructors ("terminate
+    called without an active exception", SIGABRT: about one tp=2 run in four with torch
+    2.13, either rank), which would fail a finished site. So flush and leave at once.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_placed(config: AgentConfig, placement: Placement, log_level: str | None) -> NoReturn:
     """One rank of a launched site: the launcher (srun, torchrun) supervises, not us.
 
     Only rank 0 logs above ERROR, as with spawned ranks (``agent start`` set up logging
@@ -137,7 +152,7 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
     )
     store = open_store(placement)
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
-    return serve_rank(
+    code = serve_rank(
         config,
         placement.rank,
         device_type,
@@ -145,6 +160,7 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         gpu=gpu_index(placement, gpus) if device_type == "cuda" else None,
         single_host=placement.single_host,
     )
+    exit_rank(code)
 
 
 def serve_rank(
