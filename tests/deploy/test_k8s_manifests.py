@@ -17,6 +17,7 @@ import yaml
 
 from skyfed.agent.cli import main as agent_cli
 from skyfed.agent.config import AgentConfig
+from skyfed.agent.launch import EXIT_NO_SESSION, EXIT_REFUSED
 from skyfed.config import load_config
 from skyfed.coordinator.cli import main as coordinator_cli
 from skyfed.coordinator.config import CoordinatorConfig
@@ -300,3 +301,16 @@ def test_no_secret_material_is_in_the_manifests(overlay):
     assert not of_kind(overlay, "Secret")
     text = yaml.safe_dump_all(render(overlay))
     assert "ca.key" not in text and "PRIVATE KEY" not in text
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_job_fails_fast_only_where_a_retry_cannot_help(overlay):
+    """Exit 2 (a CLI mistake) and 3 (refused: revoked, wrong identity) end the Job; 4 (no
+    session for --give-up-after-s) and crashes get a fresh pod, which resyncs."""
+    (job,) = of_kind(overlay, "Job")
+    (rule, *_) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob"
+    assert set(rule["onExitCodes"]["values"]) == {click.UsageError.exit_code, EXIT_REFUSED}
+    assert EXIT_NO_SESSION not in rule["onExitCodes"]["values"]
+    assert job["spec"]["backoffLimit"] > 0
+    assert pod_spec(job)["restartPolicy"] == "Never"  # what podFailurePolicy requires

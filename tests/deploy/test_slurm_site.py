@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,3 +58,17 @@ def test_sbatch_site_of_two_tasks_trains_beside_a_plain_agent_and_ends_identical
     for cloud in ("aws", "gcp"):
         assert report(work, cloud)["round"] == ROUNDS - 1, (cloud, report(work, cloud))
         assert report(work, cloud)["weights_digest"] == status["weightsDigest"], cloud
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["localhost:7443", "/nonexistent"], "usage: sbatch"),
+        (["localhost:7443", "/nonexistent", "hpc"], "cannot read /nonexistent/ca.crt"),
+    ],
+)
+def test_agent_sbatch_refuses_missing_parameters_before_starting_any_task(args, message):
+    out = subprocess.run(
+        ["bash", str(SBATCH), *args], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert out.returncode == 2 and message in out.stderr, out
