@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from skyfed.agent.config import AgentConfig
+from skyfed.agent.placement import LAUNCHERS
 from skyfed.config import load_config
 from skyfed.logs import FORMATS, setup_logging
 
@@ -41,6 +42,17 @@ def main() -> None:
 @click.option("--tp", type=int, help="Local tensor-parallel ranks (processes).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where the ranks train.")
 @click.option(
+    "--launcher",
+    type=click.Choice(LAUNCHERS),
+    help="Who starts the ranks: this command (spawn), srun, torchrun; default auto: "
+    "the environment tells.",
+)
+@click.option("--reconnect-initial-s", type=float, help="First reconnect delay (default 0.2).")
+@click.option("--reconnect-max-s", type=float, help="Longest reconnect delay (default 5).")
+@click.option(
+    "--give-up-after-s", type=float, help="Exit after this long without a session (default 600)."
+)
+@click.option(
     "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
 )
 @click.option(
@@ -65,9 +77,9 @@ def start(
     """Join the federation and train until it is done."""
     try:
         config = load_config(AgentConfig, component="agent", path=config_path, flags=flags)
-        from skyfed.agent.ranks import resolve_device
+        from skyfed.agent.launch import settle
 
-        resolve_device(config)  # fails early: cuda without enough GPUs
+        settle(config)  # fails early: cuda without enough GPUs, tp against the launcher
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     if log_format:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfed.agent.placement import LAUNCHERS
 from skyfed.validate import require
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -47,8 +48,14 @@ class AgentConfig:
     tp: int = 1
     """Local tensor-parallel ranks, one process each (see ``skyfed.agent.ranks``)."""
     device: str = "auto"
-    """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``) or
+    """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``; under a
+    launcher, the GPU of the local rank) or
     ``auto`` (``cuda`` when there are at least ``tp`` GPUs, else ``cpu``)."""
+    launcher: str = "auto"
+    """Who starts the site's ranks: ``spawn`` (this command starts ``tp`` rank processes),
+    ``slurm`` (each ``srun`` task is one rank), ``torchrun`` (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``...), or ``auto``: ``slurm`` inside an ``srun`` step, ``torchrun`` when
+    ``RANK`` and ``WORLD_SIZE`` are set, else ``spawn`` (see ``docs/deployment.md``)."""
     reconnect_initial_s: float = 0.2
     """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
     reconnect_max_s: float = 5.0
@@ -79,6 +86,8 @@ class AgentConfig:
             (":" in self.coordinator, "coordinator", "HOST:PORT"),
             (self.threads >= 1, "threads", ">= 1"),
             (self.device in DEVICES, "device", " or ".join(DEVICES)),
+            (self.launcher in LAUNCHERS, "launcher", " or ".join(LAUNCHERS)),
+            (self.give_up_after_s >= 0, "give_up_after_s", ">= 0"),
         ]
         for ok, field, what in checks:
             require("agent", ok, field, getattr(self, field), what)

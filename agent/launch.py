@@ -1,4 +1,5 @@
-"""Starting an agent: one in-process rank, or a supervisor and ``tp`` rank processes."""
+"""Starting an agent: one in-process rank, a supervisor and ``tp`` rank processes, or
+one rank of a site whose ranks ``srun`` or ``torchrun`` started."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 import click
 import torch
@@ -14,12 +16,16 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from skyfed.agent.config import AgentConfig
+from skyfed.agent.placement import Placement, detect
 from skyfed.agent.ranks import (
     STORE_HOST,
     RankSpec,
     die_with_parent,
+    gpu_index,
     init_ranks,
     needs_ranks,
+    open_store,
+    placed_config,
     reap,
     resolve_device,
     start_ranks,
@@ -38,9 +44,22 @@ EXIT_NO_SESSION = 4
 PROGRESS_ENV = "SKYFED_AGENT_PROGRESS"
 
 
+def settle(config: AgentConfig) -> tuple[AgentConfig, Placement | None]:
+    """The configuration this process runs and, under a launcher, its placement; raises
+    ValueError for what ``agent start`` reports as a usage error (wrong tp, no GPU)."""
+    placement = detect(config.launcher, os.environ)
+    if placement is not None:
+        config = placed_config(config, placement)
+    resolve_device(config, placement)
+    return config, placement
+
+
 def run(config: AgentConfig, log_level: str | None = None, progress: bool = False) -> int:
     """Train until the federation is done; the exit code for ``agent start``. ``progress``:
     a line per applied round on stderr."""
+    config, placement = settle(config)
+    if placement is not None:
+        return run_placed(config, placement, log_level)
     if not needs_ranks(config):
         torch.set_num_threads(config.threads)
         return lead(config, Site(_trainer(config), sender=config.name), progress)
@@ -92,12 +111,72 @@ def rank_main(spec: RankSpec) -> None:
     """Entry point of one rank process (spawned by :func:`skyfed.agent.ranks.start_ranks`)."""
     die_with_parent(spec.parent_pid)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it stuck?
-    config, rank = spec.config, spec.rank
-    who = config.name if rank == 0 else f"{config.name}/rank{rank}"
-    setup_logging(spec.log_level if rank == 0 else "ERROR", who=who)
-    torch.set_num_threads(config.threads)
+    who = spec.config.name if spec.rank == 0 else f"{spec.config.name}/rank{spec.rank}"
+    setup_logging(spec.log_level if spec.rank == 0 else "ERROR", who=who)
     store = dist.TCPStore(STORE_HOST, spec.store_port, is_master=False)
-    group, mesh, device = init_ranks(rank, config.tp, spec.device_type, store)
+    exit_rank(serve_rank(spec.config, spec.rank, spec.device_type, store))
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a rank process whose site has stopped and whose process groups are destroyed.
+
+    Its supervisor (``agent start``, srun, torchrun) judges it by its exit code alone, and
+    interpreter teardown from here sometimes aborts in torch's C++ destructors ("terminate
+    called without an active exception", SIGABRT: about one tp=2 run in four with torch
+    2.13, either rank), which would fail a finished site. So flush and leave at once.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_placed(config: AgentConfig, placement: Placement, log_level: str | None) -> NoReturn:
+    """One rank of a launched site: the launcher (srun, torchrun) supervises, not us.
+
+    Only rank 0 logs above ERROR, as with spawned ranks (``agent start`` set up logging
+    before it knew the rank, so the level is lowered here)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if placement.rank > 0:
+        logging.getLogger().setLevel(logging.ERROR)
+    device_type = resolve_device(config, placement)
+    log.info(
+        "[Agent.Ranks] %s rank=%d/%d local=%d device=%s rendezvous=%s:%d",
+        placement.launcher,
+        placement.rank,
+        placement.world,
+        placement.local_rank,
+        device_type,
+        placement.master_addr,
+        placement.master_port,
+    )
+    store = open_store(placement)
+    gpus = torch.cuda.device_count() if device_type == "cuda" else 0
+    code = serve_rank(
+        config,
+        placement.rank,
+        device_type,
+        store,
+        gpu=gpu_index(placement, gpus) if device_type == "cuda" else None,
+        single_host=placement.single_host,
+    )
+    exit_rank(code)
+
+
+def serve_rank(
+    config: AgentConfig,
+    rank: int,
+    device_type: str,
+    store: dist.Store,
+    *,
+    gpu: int | None = None,
+    single_host: bool = True,
+) -> int:
+    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow."""
+    torch.set_num_threads(config.threads)
+    group, mesh, device = init_ranks(
+        rank, config.tp, device_type, store, gpu=gpu, single_host=single_host
+    )
     site = Site(_trainer(config, mesh=mesh, device=device), group, sender=config.name)
     if rank == 0:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
@@ -106,7 +185,7 @@ def rank_main(spec: RankSpec) -> None:
         site.follow()
         code = 0
     dist.destroy_process_group()
-    sys.exit(code)
+    return code
 
 
 def _trainer(

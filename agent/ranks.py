@@ -8,6 +8,11 @@ Process structure for ``tp = N`` (or any agent on CUDA):
     ├── rank 1 .. N-1      follow rank 0's steps; log errors only
     ...
 
+Under ``srun`` or ``torchrun`` the launcher is the supervisor: it starts one ``agent start``
+per rank, each reads its place from the environment (``skyfed.agent.placement``), and all
+join through a store that rank 0 serves at the launcher's rendezvous address. From there
+on the ranks run the same code as spawned ones (``skyfed.agent.launch.serve_rank``).
+
 Ranks die with the supervisor (``PR_SET_PDEATHSIG``), so even ``kill -9`` of it leaves no
 orphan. Each rank has two process groups: the default one (NCCL on CUDA, Gloo on CPU)
 carries the tensor-parallel collectives through the device mesh; a Gloo group carries
@@ -18,6 +23,7 @@ timeout, since ranks 1.. legitimately wait there while rank 0 waits on the WAN.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -35,6 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.parallelize import build_mesh
+from skyfed.agent.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +51,36 @@ REAP_GRACE_S = 10.0
 PR_SET_PDEATHSIG = 1
 
 
-def resolve_device(config: AgentConfig) -> str:
-    """``cpu`` or ``cuda`` for ``config.device``; ``cuda`` needs one GPU per rank."""
+def resolve_device(config: AgentConfig, placement: Placement | None = None) -> str:
+    """``cpu`` or ``cuda`` for ``config.device``; ``cuda`` needs one GPU per rank (with a
+    launcher: a GPU for this rank's local rank, see :func:`gpu_index`)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    enough = gpus >= config.tp if placement is None else gpu_index(placement, gpus) is not None
     if config.device == "auto":
-        return "cuda" if gpus >= config.tp else "cpu"
-    if config.device == "cuda" and gpus < config.tp:
-        raise ValueError(f"agent option device='cuda' needs tp={config.tp} GPUs, found {gpus}")
+        return "cuda" if enough else "cpu"
+    if config.device == "cuda" and not enough:
+        need = f"tp={config.tp}" if placement is None else f"local rank {placement.local_rank}:"
+        raise ValueError(f"agent option device='cuda' needs a GPU per rank ({need}), found {gpus}")
     return config.device
+
+
+def gpu_index(placement: Placement, gpus: int) -> int | None:
+    """The GPU a launched rank takes: its local rank, or the only one it sees (a launcher
+    that binds one GPU per task, ``srun --gpus-per-task=1``); None: no GPU for it."""
+    if gpus > placement.local_rank:
+        return placement.local_rank
+    return 0 if gpus == 1 else None
+
+
+def placed_config(config: AgentConfig, placement: Placement) -> AgentConfig:
+    """``config`` with ``tp`` set to the launcher's world size; a ``tp`` other than the
+    default 1 must already equal it (a manifest or script that says otherwise is wrong)."""
+    if config.tp not in (1, placement.world):
+        raise ValueError(
+            f"agent option tp={config.tp} disagrees with {placement.launcher}'s "
+            f"{placement.world} tasks (leave tp unset or make them equal)"
+        )
+    return dataclasses.replace(config, tp=placement.world)
 
 
 def needs_ranks(config: AgentConfig) -> bool:
@@ -91,13 +120,22 @@ class RankSpec:
 
 
 def init_ranks(
-    rank: int, world: int, device_type: str, store: dist.Store
+    rank: int,
+    world: int,
+    device_type: str,
+    store: dist.Store,
+    *,
+    gpu: int | None = None,
+    single_host: bool = True,
 ) -> tuple[Ranks, DeviceMesh, torch.device]:
-    """Join the site's process groups; returns the control group, the TP mesh, the device."""
-    if sys.platform == "linux":
+    """Join the site's process groups; returns the control group, the TP mesh, the device.
+
+    ``gpu``: the CUDA device index (default: ``rank``, as when this host spawned every rank).
+    """
+    if sys.platform == "linux" and single_host:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host
     if device_type == "cuda":
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", rank if gpu is None else gpu)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     else:
@@ -105,6 +143,18 @@ def init_ranks(
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     return Ranks(control), build_mesh(device_type, world), device
+
+
+def open_store(placement: Placement) -> dist.TCPStore:
+    """The launcher's rendezvous: rank 0 serves the store (unless the launcher does), the
+    others connect to it."""
+    return dist.TCPStore(
+        placement.master_addr,
+        placement.master_port,
+        placement.world,
+        is_master=placement.rank == 0 and not placement.store_is_served,
+        wait_for_workers=False,
+    )
 
 
 def start_ranks(

@@ -227,6 +227,23 @@ def _echo_table(rows: list[dict[str, object]]) -> None:
         click.echo("  ".join(cell(row, k).ljust(widths[k]) for k in keys).rstrip())
 
 
+@cli.command("k8s-secret")
+@_dir_option
+@click.argument("name")
+@click.option("--namespace", default="skyfed", show_default=True)
+@click.option("--secret-name", help="Secret's name  [default: skyfed-certs-NAME]")
+def k8s_secret(directory: Path, name: str, namespace: str, secret_name: str | None) -> None:
+    """Print NAME's certificates as a Kubernetes Secret (JSON) for `kubectl apply -f -`.
+
+    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key.
+    """
+    from .kubernetes import secret_manifest
+
+    ca = CertificateAuthority.open(directory)
+    manifest = secret_manifest(ca, name, secret_name=secret_name, namespace=namespace)
+    click.echo(json.dumps(manifest, indent=2))
+
+
 def main() -> None:
     """Console entry point `certs`."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
