@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
 
 import numpy as np
 import torch
@@ -32,6 +31,8 @@ _INDEX_VARINT, _INDEX_BITMAP = 0, 1
 _PLAN_SAMPLE = 1 << 20
 # value kind u8 | index kind u8 | index zstd u8 | pad | k u64 | scale f32 | index raw bytes u64
 _PARAMS = struct.Struct("<BBBxQfQ")
+# Stateless: its buffers are per-thread scratch (base.SCRATCH).
+_SELECTOR = TopKSelector()
 
 
 class TopK(Codec):
@@ -66,7 +67,6 @@ class TopK(Codec):
         self.density = float(density)
         self.values = values
         self.dense_below = dense_below
-        self._local = threading.local()
 
     def k_for(self, numel: int) -> int:
         """How many elements a tensor of ``numel`` keeps (all of a small one)."""
@@ -88,26 +88,31 @@ class TopK(Codec):
         in the residual's memory."""
         g_flat = as_flat_f32(g)
         e_flat = residual_memory(g_flat, residual)
-        p = g_flat if e_flat is None else e_flat.add_(g_flat)
-        payload, idx_k, sent_k = self._encode(p, tuple(g.shape), out)
-        new_residual = p.clone() if e_flat is None else p
-        new_residual[idx_k] = p[idx_k] - sent_k
-        return payload, new_residual.view(g.shape)
+        if e_flat is None:  # p is g itself, which stays the caller's
+            payload, idx_k, kept_k, sent_k = self._encode(g_flat, tuple(g.shape), out)
+            e_flat = g_flat.clone()
+        else:  # p = e + g, summed in the residual's memory by the selection's first pass
+            payload, idx_k, kept_k, sent_k = self._encode(e_flat, tuple(g.shape), out, g_flat)
+        e_flat[idx_k] = kept_k.sub_(sent_k)
+        return payload, e_flat.view(g.shape)
 
     def _encode(
-        self, flat: torch.Tensor, shape: tuple[int, ...], out: frame.PayloadBuffer | None = None
-    ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
-        """The payload, the kept indices and the values the receiver will decode there."""
-        k = self.k_for(flat.numel())
-        idx_k = self._selector().select(flat, k)
-        value_bytes, scale, sent_k = self._quantize(flat[idx_k])
+        self,
+        flat: torch.Tensor,
+        shape: tuple[int, ...],
+        out: frame.PayloadBuffer | None = None,
+        add: torch.Tensor | None = None,
+    ) -> tuple[bytes, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The payload, the kept indices, the values kept there and the values the
+        receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``)."""
+        idx_k = _SELECTOR.select(flat, self.k_for(flat.numel()), add_N=add)
+        kept_k = flat[idx_k]
+        value_bytes, scale, sent_k = self._quantize(kept_k)
         index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
-        params = _PARAMS.pack(_VALUE_KINDS.index(self.values), index_kind, zstd, k, scale, raw_len)
-        return (
-            frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out),
-            idx_k,
-            sent_k,
-        )
+        value_kind = _VALUE_KINDS.index(self.values)
+        params = _PARAMS.pack(value_kind, index_kind, zstd, len(idx_k), scale, raw_len)
+        payload = frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out)
+        return payload, idx_k, kept_k, sent_k
 
     def _quantize(self, kept_k: torch.Tensor) -> tuple[memoryview, float, torch.Tensor]:
         """Wire bytes of the kept values, their scale, and the values they decode to."""
@@ -126,12 +131,6 @@ class TopK(Codec):
         q = torch.round(kept_k / float(scale)) if scale > 0 else torch.zeros_like(kept_k)
         q = q.clamp_(-127, 127).to(torch.int8)
         return memoryview(q.view(torch.uint8).numpy()), float(scale), _dequantize(q, scale)
-
-    def _selector(self) -> TopKSelector:
-        selector = getattr(self._local, "selector", None)
-        if selector is None:
-            selector = self._local.selector = TopKSelector()
-        return selector
 
     def decode(
         self,
