@@ -275,8 +275,7 @@ def _block_scales(
     counts[-1] = numel - (blocks.shape[0] - 1) * blocks.shape[1]
     if bits == 1:
         return torch.div(blocks.abs().sum(1), counts, out=out)
-    low, high = torch.aminmax(blocks, dim=1)
-    peaks = torch.maximum(high, low.neg_())
+    peaks = torch.maximum(blocks.amax(1), blocks.amin(1).neg_())  # 8x aminmax(dim=1)
     if not clip:
         return out.copy_(peaks)
     rms = torch.linalg.vector_norm(blocks, dim=1).div_(counts.sqrt_())
