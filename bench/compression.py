@@ -158,6 +158,57 @@ def run(sizes: list[int], repeats: int) -> list[Row]:
     ]
 
 
+MEMORY_CODECS = [
+    ("fp16", {}),
+    ("topk", {"density": 0.05}),
+    ("topk", {"density": 0.05, "bits": 2}),
+    ("ecsgd", {"bits": 2}),
+]
+
+
+def peak_rss_growth(fn: Callable[[], object]) -> int:
+    """Bytes the peak resident set grew by while ``fn`` ran (VmHWM, reset first)."""
+
+    def hwm() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM in /proc/self/status")
+
+    Path("/proc/self/clear_refs").write_text("5")
+    before = hwm()
+    fn()
+    return hwm() - before
+
+
+def memory(numel: int) -> list[str]:
+    """Peak RSS growth per step, over the tensor's float32 bytes (the second call of each,
+    so per-thread scratch that a round loop keeps is already there)."""
+    lines = [
+        f"peak RSS growth over the tensor's float32 bytes at {size_text(numel)} "
+        "(after a first call; scratch kept per thread is not counted again):",
+        f"{'codec':<24}{'decode + add_':>15}{'decode_add':>12}{'fed encode + payload':>22}",
+    ]
+    for name, params in MEMORY_CODECS:
+        codec = make_codec(name, **params)
+        g, residual, acc = torch.randn(numel), torch.randn(numel) * 0.1, torch.zeros(numel)
+        payload = bytes(codec.encode(g))
+        steps = [
+            lambda: acc.add_(codec.decode(payload, shape=(numel,))),  # noqa: B023
+            lambda: codec.decode_add(payload, acc),  # noqa: B023
+            lambda: codec.encode_with_feedback(g, residual, out=PayloadBuffer()),  # noqa: B023
+        ]
+        cells = []
+        for step in steps:
+            step()
+            cells.append(peak_rss_growth(step) / (4 * numel))
+        lines.append(
+            f"{label(name, params):<24}"
+            + "".join(f"{c:>{w}.2f}x" for c, w in zip(cells, (14, 11, 21), strict=True))
+        )
+    return lines
+
+
 def table(rows: list[Row]) -> list[str]:
     head = f"{'codec':<24}{'size':>5}{'ratio':>9}{'enc':>7}{'dec':>7}{'fed enc':>9}{'fed dec':>9}"
     lines = [head + f"{'copy':>7}{'plain/copy':>11}{'fed/copy':>10}"]
@@ -235,7 +286,7 @@ def main() -> None:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads", ""]
     rows = run(sizes, args.repeats)
-    lines += [*table(rows), "", *goals(rows)]
+    lines += [*table(rows), "", *goals(rows), "", *memory(max(sizes))]
     print("\n".join(lines))
     if args.save:
         print(f"saved {save(lines, '-'.join(size_text(s).lower() for s in sizes))}")
