@@ -112,5 +112,5 @@ def _exact(flat_N: torch.Tensor, k: int) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64)
     if k >= flat_N.numel():
         return torch.arange(flat_N.numel())
-    abs_N = torch.abs(flat_N, out=SCRATCH.take("topk-abs-full", flat_N.numel()))
+    abs_N = flat_N.abs()  # rare: not worth a buffer kept per thread
     return torch.sort(torch.topk(abs_N, k, sorted=False).indices).values
