@@ -34,7 +34,7 @@ import torch
 
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
-from skyfed.compression.registry import codec_names, decode_payload, make_codec
+from skyfed.compression.registry import codec_names, decode_add_payload, make_codec
 from skyfed.compression.schedule import DensityWarmup
 from skyfed.validate import require
 
@@ -89,6 +89,11 @@ class PolicyConfig:
     ``exchange = "gradient"`` :data:`GRADIENT_TOPK_DENSITY`, 1 %)."""
     topk_values: str = "int8"
     """Top-k: ``int8`` (with a scale) or ``fp16`` values."""
+    topk_bits: int = 8
+    """Top-k: bits per kept value, 8 (INT8, one scale per tensor) or 2, 3 or 4 (sign and
+    magnitude, a scale per block of 128 kept values: SparseLoCo's choice; ``int8``
+    values only). Frames say their width, so both ends of a link need only agree on
+    the codec (docs/codecs-performance.md)."""
     topk_warmup_rounds: int = 0
     """Top-k: rounds over which the density falls geometrically from
     ``topk_warmup_start`` to ``topk_density`` (Deep Gradient Compression's warm-up; 0:
@@ -145,6 +150,10 @@ class PolicyConfig:
             self.topk_values,
             "int8|fp16",
         )
+        bits = self.topk_bits
+        require("policy", bits in (2, 3, 4, 8), "topk_bits", bits, "2, 3, 4 or 8")
+        ok = bits == 8 or self.topk_values == "int8"
+        require("policy", ok, "topk_bits", bits, "8 with fp16 values (low bits are integer levels)")
         warmup, start = self.topk_warmup_rounds, self.topk_warmup_start
         require("policy", warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
         require("policy", 0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
@@ -182,7 +191,8 @@ class PolicyConfig:
                     steps=self.topk_warmup_rounds,
                 )
                 density = warmup.density(round_)
-            return {"density": density, "values": self.topk_values}
+            bits = {} if self.topk_bits == 8 else {"bits": self.topk_bits}
+            return {"density": density, "values": self.topk_values, **bits}
         if name == "ecsgd":
             clip = {} if self.ecsgd_clip is None else {"clip": self.ecsgd_clip}
             return {"bits": self.ecsgd_bits, **clip}
@@ -350,7 +360,7 @@ def profile_codecs(
 ) -> dict[str, CodecProfile]:
     """Measure each codec as a link runs it (best of ``repeats``): gradient-like tensors
     of the model's ``sizes`` (elements per tensor) through error feedback, planned
-    together, then every payload decoded.
+    together, then every payload decoded into an accumulator.
 
     One flat tensor of the model's size timed Top-k at 1.3 + 0.5 ms (encode + decode)
     where the lab's near rounds measured it ~45 ms slower than FP16's (docs/decisions/cost-profile-flat-tensor.md):
@@ -360,6 +370,7 @@ def profile_codecs(
     generator = torch.Generator().manual_seed(0)
     tensors = {str(i): torch.randn(n, generator=generator) * 1e-3 for i, n in enumerate(sizes)}
     raw_bytes = 4 * sum(sizes)
+    accumulators = {key: torch.zeros_like(t) for key, t in tensors.items()}
     out = {}
     for name in names:
         codec = make_codec(name, **config.codec_params(name))
@@ -368,8 +379,8 @@ def profile_codecs(
             t0 = time.perf_counter()
             sent = ErrorFeedback().encode_all(codec, tensors)
             t1 = time.perf_counter()
-            for payload, _ in sent.values():
-                decode_payload(payload)
+            for key, (payload, _) in sent.items():
+                decode_add_payload(payload, accumulators[key])  # as the coordinator does
             t2 = time.perf_counter()
             enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
         payload_bytes = sum(len(payload) for payload, _ in sent.values())  # same every repeat

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
 
 import numpy as np
 import torch
 
-from skyfed.compression import frame, packing
-from skyfed.compression.base import Codec, PayloadError, as_flat_f32, output_tensor
+from skyfed.compression import frame, lowbit, packing
+from skyfed.compression.base import (
+    Codec,
+    PayloadError,
+    as_flat_f32,
+    check_accumulator,
+    expected_shape,
+    output_tensor,
+    residual_memory,
+    storage_index,
+)
 from skyfed.compression.fp import fp16_scale, readonly_tensor
 from skyfed.compression.select import TopKSelector
 
@@ -18,11 +26,19 @@ from skyfed.compression.select import TopKSelector
 # elements per kept element, so a tiny payload cannot claim a huge tensor.
 MIN_DENSITY = 1e-6
 _VALUE_KINDS = ("int8", "fp16")
+# Value kind 2: low-bit values (compression/lowbit.py); its parameters follow _PARAMS.
+_LOWBIT_KIND = 2
+_BITS = (*lowbit.BITS, 8)
 _INDEX_VARINT, _INDEX_BITMAP = 0, 1
 # Elements sampled to set one threshold over a set of tensors (all of a model this size).
 _PLAN_SAMPLE = 1 << 20
 # value kind u8 | index kind u8 | index zstd u8 | pad | k u64 | scale f32 | index raw bytes u64
+# (the scale is the floor f for low-bit values)
 _PARAMS = struct.Struct("<BBBxQfQ")
+# low-bit values only: bits u8 | pad | block u32
+_LOWBIT = struct.Struct("<BxxxI")
+# Stateless: its buffers are per-thread scratch (base.SCRATCH).
+_SELECTOR = TopKSelector()
 
 
 class TopK(Codec):
@@ -33,8 +49,14 @@ class TopK(Codec):
     ``D(c) = s * q`` at ``I``, zero elsewhere. With error feedback ``e' = p - D(c)``
     keeps both what was not selected and the values' rounding error. Selection is a
     sampled threshold (Lin et al. 2018, Deep Gradient Compression) refined to the exact
-    top-k set; indices travel as delta varints or a bitmap, whichever is smaller,
-    zstd-compressed when that is smaller still.
+    set of between ``k`` and ``k (1 + 3 %)`` elements (:class:`TopKSelector`); indices
+    travel as delta varints or a bitmap, whichever is smaller, zstd-compressed when that
+    is smaller still.
+
+    ``bits`` = 2, 3 or 4 sends each kept value as a sign and a magnitude level between
+    the smallest kept magnitude and its block's largest (a scale per block of 128 kept
+    values, :mod:`~skyfed.compression.lowbit`; SparseLoCo's 2-bit choice): 9-10 bits per
+    kept element with its index at 5 %, against 15 for INT8.
 
     Tensors under ``dense_below`` elements (biases, norms) keep every element, as Deep
     Gradient Compression does: they cost nothing on the wire, and starving them of
@@ -46,18 +68,26 @@ class TopK(Codec):
     sparse = True
 
     def __init__(
-        self, density: float = 0.01, values: str = "int8", dense_below: int = 1024
+        self,
+        density: float = 0.01,
+        values: str = "int8",
+        dense_below: int = 1024,
+        bits: int = 8,
     ) -> None:
         if not MIN_DENSITY <= density <= 1.0:
             raise ValueError(f"density must be in [{MIN_DENSITY}, 1], got {density!r}")
         if values not in _VALUE_KINDS:
             raise ValueError(f"values must be one of {_VALUE_KINDS}, got {values!r}")
+        if bits not in _BITS or (bits != 8 and values != "int8"):
+            raise ValueError(
+                f"bits must be one of {_BITS} (below 8 with int8 values), got {bits!r}"
+            )
         if dense_below < 0:
             raise ValueError(f"dense_below must be >= 0, got {dense_below!r}")
         self.density = float(density)
         self.values = values
         self.dense_below = dense_below
-        self._local = threading.local()
+        self.bits = bits
 
     def k_for(self, numel: int) -> int:
         """How many elements a tensor of ``numel`` keeps (all of a small one)."""
@@ -70,32 +100,47 @@ class TopK(Codec):
         return self._encode(as_flat_f32(x), tuple(x.shape), out)[0]
 
     def encode_with_feedback(
-        self, g: torch.Tensor, residual: torch.Tensor | None
+        self,
+        g: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: frame.PayloadBuffer | None = None,
     ) -> tuple[bytes, torch.Tensor]:
-        """``e' = p`` with the kept elements replaced by their rounding error (no decode)."""
-        p = as_flat_f32(g if residual is None else g + residual)
-        payload, idx_k, sent_k = self._encode(p, tuple(g.shape))
-        new_residual = p.clone() if residual is None else p
-        new_residual[idx_k] = p[idx_k] - sent_k
-        return payload, new_residual.view(g.shape)
+        """``e' = p`` with the kept elements replaced by their rounding error (no decode),
+        in the residual's memory."""
+        g_flat = as_flat_f32(g)
+        e_flat = residual_memory(g_flat, residual)
+        if e_flat is None:  # p is g itself, which stays the caller's
+            payload, idx_k, kept_k, sent_k = self._encode(g_flat, tuple(g.shape), out)
+            e_flat = g_flat.clone()
+        else:  # p = e + g, summed in the residual's memory by the selection's first pass
+            payload, idx_k, kept_k, sent_k = self._encode(e_flat, tuple(g.shape), out, g_flat)
+        e_flat[idx_k] = kept_k.sub_(sent_k)
+        return payload, e_flat.view(g.shape)
 
     def _encode(
-        self, flat: torch.Tensor, shape: tuple[int, ...], out: frame.PayloadBuffer | None = None
-    ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
-        """The payload, the kept indices and the values the receiver will decode there."""
-        k = self.k_for(flat.numel())
-        idx_k = self._selector().select(flat, k)
-        value_bytes, scale, sent_k = self._quantize(flat[idx_k])
+        self,
+        flat: torch.Tensor,
+        shape: tuple[int, ...],
+        out: frame.PayloadBuffer | None = None,
+        add: torch.Tensor | None = None,
+    ) -> tuple[bytes, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The payload, the kept indices, the values kept there and the values the
+        receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``)."""
+        idx_k = _SELECTOR.select(flat, self.k_for(flat.numel()), add_N=add)
+        kept_k = flat[idx_k]
+        value_bytes, scale, sent_k = self._quantize(kept_k)
         index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
-        params = _PARAMS.pack(_VALUE_KINDS.index(self.values), index_kind, zstd, k, scale, raw_len)
-        return (
-            frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out),
-            idx_k,
-            sent_k,
-        )
+        value_kind = _VALUE_KINDS.index(self.values) if self.bits == 8 else _LOWBIT_KIND
+        params = _PARAMS.pack(value_kind, index_kind, zstd, len(idx_k), scale, raw_len)
+        if value_kind == _LOWBIT_KIND:
+            params += _LOWBIT.pack(self.bits, lowbit.DEFAULT_BLOCK)
+        payload = frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out)
+        return payload, idx_k, kept_k, sent_k
 
     def _quantize(self, kept_k: torch.Tensor) -> tuple[memoryview, float, torch.Tensor]:
         """Wire bytes of the kept values, their scale, and the values they decode to."""
+        if self.bits != 8:
+            return lowbit.quantize(kept_k, self.bits, lowbit.DEFAULT_BLOCK)
         peak = float(kept_k.abs().max()) if kept_k.numel() else 0.0
         if not math.isfinite(peak):
             raise ValueError("top-k input holds inf or NaN among its largest elements")
@@ -112,24 +157,45 @@ class TopK(Codec):
         q = q.clamp_(-127, 127).to(torch.int8)
         return memoryview(q.view(torch.uint8).numpy()), float(scale), _dequantize(q, scale)
 
-    def _selector(self) -> TopKSelector:
-        selector = getattr(self._local, "selector", None)
-        if selector is None:
-            selector = self._local.selector = TopKSelector()
-        return selector
-
-    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
-        f = frame.unpack(payload, max_body=0)
-        if f.codec != self.wire_id:
-            raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
-        value_kind, index_kind, zstd, k, scale, raw_len = _parse_params(f)
-        itemsize = 1 if value_kind == 0 else 2
-        values_k = _decode_values(f.body[: k * itemsize], value_kind, k, scale)
-        idx_k = _unpack_indices(f.body[k * itemsize :], index_kind, zstd, raw_len, k, f.numel)
+    def decode(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        f, idx_k, values_k = self._parse(payload, expected_shape(out, shape))
         result = output_tensor(f.shape, out)
         flat = result.view(-1).zero_()
-        flat[torch.from_numpy(idx_k)] = values_k
+        flat[idx_k] = values_k
         return result
+
+    def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``acc[I] += alpha * D(c)``: touches the ``k`` kept elements only."""
+        check_accumulator(acc)
+        _, idx_k, values_k = self._parse(payload, tuple(acc.shape))
+        base, offsets_k = storage_index(acc, idx_k)
+        kept_k = base[offsets_k]
+        base[offsets_k] = kept_k.add_(values_k, alpha=alpha)
+        return acc
+
+    def _parse(
+        self, payload: bytes, shape: tuple[int, ...] | None
+    ) -> tuple[frame.Frame, torch.Tensor, torch.Tensor]:
+        """The frame, its kept indices (int64) and decoded values, every count checked
+        against the expected shape before anything of its size is allocated."""
+        f = frame.unpack(payload, max_body=0, shape=shape)
+        if f.codec != self.wire_id:
+            raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
+        value_kind, index_kind, zstd, k, scale, raw_len, bits, block = _parse_params(f)
+        if value_kind == _LOWBIT_KIND:
+            size = lowbit.section_bytes(k, bits, block)
+            values_k = lowbit.decode_section(f.body[:size], k, bits, block, float(scale))
+        else:
+            size = k * (1 if value_kind == 0 else 2)
+            values_k = _decode_values(f.body[:size], value_kind, k, scale)
+        idx_k = _unpack_indices(f.body[size:], index_kind, zstd, raw_len, k, f.numel)
+        return f, torch.from_numpy(idx_k), values_k
 
     def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
         """One threshold over every tensor of the set, so the set keeps ``density`` overall
@@ -156,7 +222,7 @@ class TopK(Codec):
         for key, v in big.items():
             count = int(torch.count_nonzero(v.detach().abs() >= threshold))
             density = min(1.0, max(count / v.numel(), MIN_DENSITY))
-            plan[key] = TopK(density=density, values=self.values, dense_below=self.dense_below)
+            plan[key] = self._with_density(density)
         return plan
 
     def for_downlink(self, senders: int) -> TopK:
@@ -169,21 +235,15 @@ class TopK(Codec):
         likewise delivers every
         worker's ``k`` to every worker.
         """
-        density = min(1.0, self.density * max(1, senders))
-        return TopK(density=density, values=self.values, dense_below=self.dense_below)
+        return self._with_density(min(1.0, self.density * max(1, senders)))
 
-    def estimate_ratio(self, numel: int) -> float:
-        k = self.k_for(numel)
-        if k == 0:
-            return 1.0
-        value_bytes = k * (1 if self.values == "int8" else 2)
-        gap_bits = math.log2(math.e * numel / k) if k < numel else 1.0
-        index_bytes = min(k * gap_bits / 8 * 1.1, numel / 8)
-        return 4.0 * numel / (value_bytes + index_bytes + 64)
+    def _with_density(self, density: float) -> TopK:
+        return TopK(density, values=self.values, dense_below=self.dense_below, bits=self.bits)
 
     def __repr__(self) -> str:
         return (
-            f"TopK(density={self.density}, values={self.values!r}, dense_below={self.dense_below})"
+            f"TopK(density={self.density}, values={self.values!r}, "
+            f"dense_below={self.dense_below}, bits={self.bits})"
         )
 
 
@@ -204,11 +264,18 @@ def _pack_indices(idx_k: np.ndarray, numel: int) -> tuple[int, int, int, bytes |
     return kind, 0, len(raw), raw
 
 
-def _parse_params(f: frame.Frame) -> tuple[int, int, int, int, np.float32, int]:
-    if len(f.params) != _PARAMS.size:
+def _parse_params(f: frame.Frame) -> tuple[int, int, int, int, np.float32, int, int, int]:
+    """The parameters, checked: layout 1 (INT8 or FP16 values, 24 bytes) or layout 2
+    (low-bit values: 8 more bytes with the bits and the block); bits 8, block 0 for 1."""
+    value_kind = f.params[0] if f.params else -1
+    size = _PARAMS.size + (_LOWBIT.size if value_kind == _LOWBIT_KIND else 0)
+    if len(f.params) != size:
         raise PayloadError(f"topk payload has {len(f.params)} parameter bytes")
-    value_kind, index_kind, zstd, k, scale, raw_len = _PARAMS.unpack(f.params)
-    if value_kind >= len(_VALUE_KINDS) or index_kind > _INDEX_BITMAP or zstd > 1:
+    value_kind, index_kind, zstd, k, scale, raw_len = _PARAMS.unpack_from(f.params)
+    bits, block = _LOWBIT.unpack_from(f.params, _PARAMS.size) if size > _PARAMS.size else (8, 0)
+    if size > _PARAMS.size and (bits not in lowbit.BITS or not 1 <= block <= lowbit.MAX_BLOCK):
+        raise PayloadError(f"topk low-bit parameters are corrupt (bits={bits}, block={block})")
+    if value_kind > _LOWBIT_KIND or index_kind > _INDEX_BITMAP or zstd > 1:
         raise PayloadError(f"topk parameters are corrupt ({value_kind}, {index_kind}, {zstd})")
     if k > f.numel or (f.numel and not f.numel <= max(k, 1) / MIN_DENSITY) or (f.numel and not k):
         raise PayloadError(f"topk payload keeps {k} of {f.numel} elements")
@@ -217,7 +284,7 @@ def _parse_params(f: frame.Frame) -> tuple[int, int, int, int, np.float32, int]:
     limit = (f.numel + 7) // 8 if index_kind == _INDEX_BITMAP else k * packing.MAX_VARINT_BYTES
     if raw_len > limit:
         raise PayloadError(f"topk index section claims {raw_len} bytes, at most {limit}")
-    return value_kind, index_kind, zstd, k, np.float32(scale), raw_len
+    return value_kind, index_kind, zstd, k, np.float32(scale), raw_len, bits, block
 
 
 def _decode_values(body: memoryview, kind: int, k: int, scale: np.float32) -> torch.Tensor:
