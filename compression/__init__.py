@@ -4,6 +4,7 @@ from skyfed.compression.base import Codec, PayloadError
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.registry import (
     codec_names,
+    decode_add_payload,
     decode_payload,
     make_codec,
     payload_codec,
@@ -15,6 +16,7 @@ __all__ = [
     "ErrorFeedback",
     "PayloadError",
     "codec_names",
+    "decode_add_payload",
     "decode_payload",
     "make_codec",
     "payload_codec",

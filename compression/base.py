@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from skyfed.compression.frame import PayloadBuffer
 
 
 class PayloadError(ValueError):
@@ -33,33 +38,55 @@ class Codec(ABC):
     stochastic: ClassVar[bool] = False
 
     @abstractmethod
-    def encode(self, x: torch.Tensor) -> bytes:
-        """Encode ``x`` (float32, any shape) into a framed payload."""
+    def encode(self, x: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:
+        """Encode ``x`` (float32, any shape) into a framed payload: ``bytes``, or a
+        ``memoryview`` into ``out`` (memory the caller reuses round after round)."""
 
     @abstractmethod
-    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
         """Decode a payload made by :meth:`encode` into a float32 tensor of its shape.
 
         Everything needed to decode is in the payload, never in this object's parameters.
-        ``out``, when given, is a float32 contiguous tensor the result is written into (and
-        returned); its shape is the shape the caller expects. Raises :class:`PayloadError`
-        for anything that is not such a payload, or that does not have ``out``'s shape.
+        The caller says the shape it expects: ``out``'s (a float32 contiguous tensor the
+        result is written into and returned: the fast path, no fresh memory) or ``shape``.
+        The frame's claimed shape and every length in it are checked against that shape
+        before anything of its size is allocated (docs/codecs-performance.md). Raises
+        :class:`PayloadError` for anything that is not such a payload of that shape.
         """
 
+    def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``acc += alpha * D(payload)`` in place, and return ``acc``.
+
+        ``acc`` is float32 or float64, of the payload's shape, and may be a strided view
+        (a shard narrowed out of a larger tensor). The result is bit-for-bit
+        ``acc.add_(self.decode(payload, shape=acc.shape), alpha=alpha)``; codecs override
+        this to avoid the full-size decoded temporary (Top-k touches only its kept
+        elements, dense codecs decode block by block).
+        """
+        check_accumulator(acc)
+        return acc.add_(self.decode(payload, shape=tuple(acc.shape)), alpha=alpha)
+
     def encode_with_feedback(
-        self, g: torch.Tensor, residual: torch.Tensor | None
+        self,
+        g: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: PayloadBuffer | None = None,
     ) -> tuple[bytes, torch.Tensor]:
         """Error feedback: ``p = g + e; c = C(p); e' = p - D(c)``. Returns ``(c, e')``.
 
+        ``e'`` may be written into ``residual``'s memory (the caller replaces its residual
+        by ``e'``; it never shares memory with ``g``). ``out`` as for :meth:`encode`.
         Codecs override this when they can form ``e'`` cheaper than a full decode.
         """
         p = g if residual is None else g + residual
-        payload = self.encode(p)
-        return payload, p - self.decode(payload)
-
-    def estimate_ratio(self, numel: int) -> float:
-        """Raw float32 bytes over payload bytes, estimated without encoding."""
-        return 1.0
+        payload = self.encode(p, out=out)
+        return payload, p - self.decode(payload, shape=tuple(p.shape))
 
     def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
         """The codec for each of a set of tensors that travel together (one contribution,
@@ -77,17 +104,128 @@ class Codec(ABC):
         return f"{type(self).__name__}()"
 
 
+# Elements per block where a decoder works block by block (decode_add, fused encodes):
+# 4 MiB of float32 for the temporary; smaller blocks measured no faster (more kernels).
+BLOCK_NUMEL = 1 << 20
+
+
+def expected_shape(
+    out: torch.Tensor | None, shape: tuple[int, ...] | torch.Size | None
+) -> tuple[int, ...] | None:
+    """The shape a decoder must find in the frame: ``out``'s, else ``shape`` (None: the
+    caller did not say; only :func:`~skyfed.compression.registry.decode_payload`'s
+    deprecated form allows it)."""
+    if out is not None:
+        if out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous float32 tensor, not {out.dtype}")
+        if shape is not None and tuple(shape) != tuple(out.shape):
+            raise ValueError(f"shape {tuple(shape)} disagrees with out's {tuple(out.shape)}")
+        return tuple(out.shape)
+    return None if shape is None else tuple(int(d) for d in shape)
+
+
+def check_shape(claimed: tuple[int, ...], expected: tuple[int, ...] | None) -> None:
+    """Refuse a frame whose claimed shape is not the expected one (before allocating)."""
+    if expected is not None and claimed != expected:
+        raise PayloadError(f"payload has shape {claimed}, expected {expected}")
+
+
 def output_tensor(shape: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
-    """The tensor a decoder writes into: ``out`` after checking it, else a new one."""
+    """The tensor a decoder writes into: ``out`` (already checked), else a new one."""
     if out is None:
         return torch.empty(shape, dtype=torch.float32)
-    if out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 tensor, not {out.dtype}")
-    if tuple(out.shape) != shape:
-        raise PayloadError(f"payload has shape {shape}, expected {tuple(out.shape)}")
+    check_shape(shape, tuple(out.shape))
     return out
+
+
+def check_accumulator(acc: torch.Tensor) -> None:
+    """``decode_add``'s target: float32 or float64 (a strided view is fine)."""
+    if acc.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"decode_add accumulates into float32 or float64, not {acc.dtype}")
+
+
+class Scratch:
+    """Per-thread tensors reused across calls and codec instances, by role.
+
+    Fresh memory costs a page fault per 4 KiB on first touch: for a 64 MB tensor more
+    than the arithmetic on it. Codecs are built anew each round (the policy's parameters
+    change), so their scratch lives here, one set per thread, grown and never shrunk.
+    A tensor taken is valid until the same thread takes the same role again.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def take(self, role: str, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The first ``numel`` elements of this thread's ``role`` buffer (1-D)."""
+        buffers = self._local.__dict__
+        buf = buffers.get((role, dtype))
+        if buf is None or buf.numel() < numel:
+            buf = buffers[(role, dtype)] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
+
+
+SCRATCH = Scratch()
+
+
+def blocks(numel: int, block: int = BLOCK_NUMEL) -> range:
+    """Start offsets of ``block``-element pieces covering ``numel`` elements."""
+    return range(0, numel, block)
 
 
 def as_flat_f32(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a contiguous 1-D float32 tensor, without a copy where it already is one."""
     return x.detach().to(torch.float32).contiguous().reshape(-1)
+
+
+def pieces(acc: torch.Tensor, block: int = BLOCK_NUMEL) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, view)``: views of ``acc`` of at most about ``block`` elements, in order,
+    each holding the row-major elements ``[start, start + view.numel())`` of ``acc``.
+
+    A contiguous ``acc`` splits flat; a strided one (a shard narrowed out of a larger
+    tensor) by rows of its first dimension, a row too large for a block by its own rows.
+    """
+    if acc.is_contiguous() or acc.dim() <= 1:
+        flat = acc.view(-1) if acc.is_contiguous() else acc
+        for start in blocks(flat.numel(), block):
+            yield start, flat[start : start + block]
+        return
+    row = acc[0].numel() if acc.shape[0] else 0
+    if row > block:
+        for i in range(acc.shape[0]):
+            for start, view in pieces(acc[i], block):
+                yield i * row + start, view
+        return
+    rows = max(1, block // max(row, 1))
+    for first in range(0, acc.shape[0], rows):
+        yield first * row, acc[first : first + rows]
+
+
+def storage_index(acc: torch.Tensor, idx_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(base, offsets_k)`` with ``base[offsets_k]`` the elements of ``acc`` at the
+    row-major flat indices ``idx_k``: ``acc.view(-1)`` itself when ``acc`` is contiguous,
+    else a 1-D view of its storage (a shard narrowed out of a larger tensor)."""
+    if acc.is_contiguous() or acc.numel() == 0:
+        return acc.reshape(-1), idx_k
+    offsets_k = torch.zeros_like(idx_k)
+    rest_k = idx_k.clone()
+    for size, stride in zip(reversed(acc.shape), reversed(acc.stride()), strict=True):
+        offsets_k += (rest_k % size) * stride
+        rest_k //= size
+    span = 1 + sum(
+        (size - 1) * stride for size, stride in zip(acc.shape, acc.stride(), strict=True)
+    )
+    return acc.as_strided((span,), (1,), acc.storage_offset()), offsets_k
+
+
+def residual_memory(g_flat: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
+    """Where ``encode_with_feedback`` sums ``p = g + e`` and leaves ``e'``: the residual
+    itself as a 1-D view when it is contiguous float32 of ``g``'s size, else a float32
+    copy of it (None without one)."""
+    if residual is None:
+        return None
+    if residual.numel() != g_flat.numel():
+        raise ValueError(f"residual has {residual.numel()} elements, g has {g_flat.numel()}")
+    if residual.dtype == torch.float32 and residual.is_contiguous():
+        return residual.view(-1)
+    return as_flat_f32(residual).clone()

@@ -10,7 +10,18 @@ import numpy as np
 import torch
 
 from skyfed.compression import frame
-from skyfed.compression.base import Codec, PayloadError, as_flat_f32, output_tensor
+from skyfed.compression.base import (
+    BLOCK_NUMEL,
+    SCRATCH,
+    Codec,
+    PayloadError,
+    as_flat_f32,
+    check_accumulator,
+    expected_shape,
+    output_tensor,
+    pieces,
+    residual_memory,
+)
 from skyfed.compression.fp import readonly_tensor
 
 _BITS = (1, 2, 4)
@@ -80,14 +91,21 @@ class EcSgd(Codec):
         return self._encode(as_flat_f32(x), tuple(x.shape), out)[0]
 
     def encode_with_feedback(
-        self, g: torch.Tensor, residual: torch.Tensor | None
+        self,
+        g: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: frame.PayloadBuffer | None = None,
     ) -> tuple[bytes, torch.Tensor]:
-        """``e' = p - D(q)``, dequantized from the codes without parsing the payload."""
-        p = as_flat_f32(g if residual is None else g + residual)
-        payload, codes, scales_nb = self._encode(p, tuple(g.shape))
+        """``e' = p - D(q)``, dequantized from the codes without parsing the payload, in
+        the residual's memory."""
+        g_flat = as_flat_f32(g)
+        e_flat = residual_memory(g_flat, residual)
+        p = g_flat if e_flat is None else e_flat.add_(g_flat)
+        payload, codes, scales_nb = self._encode(p, tuple(g.shape), out)
         sent = torch.empty_like(p)
         _dequantize(codes, scales_nb, self.bits, self.block, sent)
-        return payload, torch.sub(p, sent, out=sent).view(g.shape)
+        e_new = torch.sub(p, sent, out=sent) if e_flat is None else p.sub_(sent)
+        return payload, e_new.view(g.shape)
 
     def _encode(
         self, flat: torch.Tensor, shape: tuple[int, ...], out: frame.PayloadBuffer | None = None
@@ -126,32 +144,61 @@ class EcSgd(Codec):
             words = self._random.random_raw(-(-numel // 8))
         return torch.from_numpy(words.view(np.uint8)[:numel])
 
-    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
-        f = frame.unpack(payload, max_body=0)
-        if f.codec != self.wire_id:
-            raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
-        bits, block = _parse_params(f.params)
-        nb = -(-f.numel // block)
-        scale_bytes, code_bytes = 4 * nb, nb * block * bits // 8
-        if len(f.body) != scale_bytes + code_bytes:
-            raise PayloadError(
-                f"ecsgd body is {len(f.body)} bytes, shape {f.shape} at {bits} bits needs "
-                f"{scale_bytes + code_bytes}"
-            )
-        scales_nb = readonly_tensor(np.frombuffer(f.body[:scale_bytes], dtype=np.float32))
-        if nb and not (scales_nb.min() >= 0 and scales_nb.max() <= MAX_SCALE):
-            raise PayloadError(f"ecsgd payload has a scale outside [0, {MAX_SCALE}]")
-        packed = readonly_tensor(np.frombuffer(f.body[scale_bytes:], dtype=np.uint8))
+    def decode(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        f, bits, block, scales_nb, packed = _parse(payload, expected_shape(out, shape))
         codes = _unpack_codes(packed, bits)
         result = output_tensor(f.shape, out)
         _dequantize(codes, scales_nb, bits, block, result.view(-1))
         return result
 
-    def estimate_ratio(self, numel: int) -> float:
-        return 32.0 / (self.bits + 32.0 / self.block)
+    def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``acc += alpha * D(q)``, dequantizing a run of whole blocks at a time into one
+        temporary of about :data:`BLOCK_NUMEL` elements."""
+        check_accumulator(acc)
+        _, bits, block, scales_nb, packed = _parse(payload, tuple(acc.shape))
+        step = 2.0 / (2**bits - 1)
+        row_bytes = block * bits // 8
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL + 2 * block)
+        for start, view in pieces(acc, max(block, BLOCK_NUMEL // block * block)):
+            first, last = start // block, -(-(start + view.numel()) // block)  # blocks
+            codes = _unpack_codes(packed[first * row_bytes : last * row_bytes], bits)
+            rows = decoded[: (last - first) * block]
+            _dequantize_rows(codes, scales_nb[first:last], step, rows)
+            offset = start - first * block
+            view.add_(rows[offset : offset + view.numel()].view(view.shape), alpha=alpha)
+        return acc
 
     def __repr__(self) -> str:
         return f"EcSgd(bits={self.bits}, block={self.block}, clip={self.clip})"
+
+
+def _parse(
+    payload: bytes, shape: tuple[int, ...] | None
+) -> tuple[frame.Frame, int, int, torch.Tensor, torch.Tensor]:
+    """The frame, bits, block, scales ``(nb,)`` and packed codes, every length checked
+    against the expected shape before anything of its size is allocated."""
+    f = frame.unpack(payload, max_body=0, shape=shape)
+    if f.codec != EcSgd.wire_id:
+        raise PayloadError(f"payload is codec {f.codec}, not {EcSgd.name}")
+    bits, block = _parse_params(f.params)
+    nb = -(-f.numel // block)
+    scale_bytes, code_bytes = 4 * nb, nb * block * bits // 8
+    if len(f.body) != scale_bytes + code_bytes:
+        raise PayloadError(
+            f"ecsgd body is {len(f.body)} bytes, shape {f.shape} at {bits} bits needs "
+            f"{scale_bytes + code_bytes}"
+        )
+    scales_nb = readonly_tensor(np.frombuffer(f.body[:scale_bytes], dtype=np.float32))
+    if nb and not (scales_nb.min() >= 0 and scales_nb.max() <= MAX_SCALE):
+        raise PayloadError(f"ecsgd payload has a scale outside [0, {MAX_SCALE}]")
+    packed = readonly_tensor(np.frombuffer(f.body[scale_bytes:], dtype=np.uint8))
+    return f, bits, block, scales_nb, packed
 
 
 def _parse_params(params: bytes) -> tuple[int, int]:

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
 import warnings
 
 import numpy as np
 import torch
 
 from skyfed.compression import frame
-from skyfed.compression.base import Codec, PayloadError, as_flat_f32, output_tensor
+from skyfed.compression.base import (
+    BLOCK_NUMEL,
+    SCRATCH,
+    Codec,
+    PayloadError,
+    as_flat_f32,
+    blocks,
+    check_accumulator,
+    expected_shape,
+    output_tensor,
+    pieces,
+    residual_memory,
+)
 
 _FP16_MIN_NORMAL = 2.0**-14
 # FP16 peak after scaling lands in [2**14, 2**15): no overflow, and small gradients keep
@@ -28,30 +39,118 @@ class _ElementwiseCodec(Codec):
     ``s`` is a power of two (so scaling adds no rounding) chosen by subclasses. Scaling
     goes through a per-thread float32 scratch reused across calls; ``encode(x, out=buf)``
     writes the frame straight into a caller-owned :class:`frame.PayloadBuffer`, so no
-    fresh memory is touched. Scaling block by block to stay in cache was measured too: on
-    a busy 2-core host its many small parallel kernels wait on each other, up to 10x slower.
+    fresh memory is touched. :meth:`encode_with_feedback` and :meth:`decode_add` work
+    block by block (``p = g + e``, the cast and ``e' = p - D(c)`` on one block while it is
+    in cache; ``acc += alpha D(c)`` through one block-sized temporary).
     """
 
     wire_dtype: torch.dtype
     bounded_release = True
 
-    def __init__(self) -> None:
-        self._local = threading.local()
-
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
         flat = as_flat_f32(x)
+        head_len, wire = self._wire_region(tuple(x.shape), flat.numel(), out)
+        return self._framed(tuple(x.shape), self._cast(flat, wire), head_len, wire, out)
+
+    def encode_with_feedback(
+        self,
+        g: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: frame.PayloadBuffer | None = None,
+    ) -> tuple[bytes, torch.Tensor]:
+        """``p = g + e; c = cast(p / s); e' = p - D(c)`` block by block, ``e'`` in the
+        residual's memory (a fresh tensor without one). Falls back to the whole-tensor
+        path when the plain cast does not hold (FP16 overflow or underflow)."""
+        g_flat = as_flat_f32(g)
+        e_flat = residual_memory(g_flat, residual)
+        summed = e_flat is not None
+        e_flat = torch.empty_like(g_flat) if e_flat is None else e_flat
+        head_len, wire = self._wire_region(tuple(g.shape), g_flat.numel(), out)
+        scale = self._fused_feedback(g_flat, e_flat, summed, wire)
+        payload = self._framed(tuple(g.shape), scale, head_len, wire, out)
+        return payload, e_flat.view(g.shape)
+
+    def _fused_feedback(
+        self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor
+    ) -> float:
+        """Fill ``wire`` and ``e = e' `` (``e`` holds the residual when ``summed``)."""
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
+        peak = 0.0
+        for start in blocks(g.numel()):
+            stop = min(start + BLOCK_NUMEL, g.numel())
+            g_b, e_b, wire_b = g[start:stop], e[start:stop], wire[start:stop]
+            p_b = e_b.add_(g_b) if summed else g_b  # p, in the residual's memory
+            wire_b.copy_(p_b)
+            block_peak = self._wire_peak(wire_b)
+            if not math.isfinite(block_peak):
+                return self._feedback_slowly(g, e, summed, wire, done=start, inside=stop)
+            peak = max(peak, block_peak)
+            torch.sub(p_b, decoded[: stop - start].copy_(wire_b), out=e_b)
+        if not self._plain_cast_holds(peak):
+            return self._feedback_slowly(g, e, summed, wire, done=g.numel(), inside=g.numel())
+        return 1.0
+
+    def _feedback_slowly(
+        self,
+        g: torch.Tensor,
+        e: torch.Tensor,
+        summed: bool,
+        wire: torch.Tensor,
+        *,
+        done: int,
+        inside: int,
+    ) -> float:
+        """The whole-tensor path from where the fused loop stopped: ``e[:done]`` holds
+        ``e'`` of the plain cast, ``e[done:inside]`` holds ``p``, the rest the residual."""
+        if not summed:
+            p = g
+        else:
+            # e' = p - d is exact while d = fp16(p) is finite (Sterbenz), so e' + d is p.
+            e[:done].add_(wire[:done].to(torch.float32))
+            e[inside:].add_(g[inside:])
+            p = e
+        scale = self._cast(p, wire)
+        d = wire.to(torch.float32)
+        if scale != 1.0:
+            d.mul_(scale)
+        torch.sub(p, d, out=e)
+        return scale
+
+    def _wire_peak(self, wire_block: torch.Tensor) -> float:
+        """The block's largest magnitude on the wire where the codec must see it (FP16:
+        a plain cast that overflowed is redone scaled); 0 where it need not."""
+        return 0.0
+
+    def _plain_cast_holds(self, peak: float) -> bool:
+        """Whether the plain cast (``s = 1``) stands, given the largest wire magnitude."""
+        return True
+
+    def _wire_region(
+        self, shape: tuple[int, ...], numel: int, out: frame.PayloadBuffer | None
+    ) -> tuple[int, torch.Tensor]:
+        """The header's length and the tensor the body is cast into: right after the
+        header in ``out``, or a per-thread scratch. The header's length does not depend
+        on the scale's value, so the body is cast first and the header written last."""
+        head_len = len(frame.header(self.wire_id, shape, _SCALE.pack(1.0)))
         if out is None:
-            wire = self._scratch("wire", flat.numel(), self.wire_dtype)
-            scale = self._cast(flat, wire)
-            head = frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(scale))
+            return head_len, SCRATCH.take("wire", numel, self.wire_dtype)
+        region_B = out.take(head_len + numel * self.wire_dtype.itemsize)
+        return head_len, region_B[head_len:].view(self.wire_dtype)
+
+    def _framed(
+        self,
+        shape: tuple[int, ...],
+        scale: float,
+        head_len: int,
+        wire: torch.Tensor,
+        out: frame.PayloadBuffer | None,
+    ) -> bytes:
+        head = frame.header(self.wire_id, shape, _SCALE.pack(scale))
+        if out is None:
             return head + memoryview(wire.view(torch.uint8).numpy())
-        # The header's length does not depend on the scale's value: cast first, head last.
-        head_len = len(frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(1.0)))
-        region_B = out.take(head_len + flat.numel() * self.wire_dtype.itemsize)
-        scale = self._cast(flat, region_B[head_len:].view(self.wire_dtype))
-        view = memoryview(region_B.numpy())
-        view[:head_len] = frame.header(self.wire_id, tuple(x.shape), _SCALE.pack(scale))
+        view = memoryview(out.take(head_len + wire.numel() * self.wire_dtype.itemsize).numpy())
+        view[:head_len] = head
         return view  # type: ignore[return-value]
 
     def _cast(self, flat: torch.Tensor, wire: torch.Tensor) -> float:
@@ -61,11 +160,41 @@ class _ElementwiseCodec(Codec):
 
     def _cast_scaled(self, flat: torch.Tensor, scale: float, wire: torch.Tensor) -> None:
         """``wire = cast(flat / scale)``; a dtype-mixing multiply is 3x slower than this."""
-        scaled = self._scratch("scaled", flat.numel(), torch.float32)
+        scaled = SCRATCH.take("scaled", flat.numel())
         wire.copy_(torch.mul(flat, 1.0 / scale, out=scaled))
 
-    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
-        f = frame.unpack(payload, max_body=0)
+    def decode(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        f, scale = self._parse(payload, expected_shape(out, shape))
+        result = output_tensor(f.shape, out)
+        result.view(-1).copy_(self._wire_view(f.body))
+        return result if scale == 1.0 else result.mul_(scale)
+
+    def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``acc += alpha * s * c`` block by block: no full-size temporary."""
+        check_accumulator(acc)
+        f, scale = self._parse(payload, tuple(acc.shape))
+        wire = self._wire_view(f.body)
+        direct = self.wire_dtype == acc.dtype and scale == 1.0  # FP32 into float32
+        decoded = None if direct else SCRATCH.take("decoded", BLOCK_NUMEL)
+        for start, view in pieces(acc):
+            wire_b = wire[start : start + view.numel()]
+            if decoded is not None:
+                wire_b = decoded[: view.numel()].copy_(wire_b)
+                if scale != 1.0:
+                    wire_b.mul_(scale)
+            view.add_(wire_b.view(view.shape), alpha=alpha)
+        return acc
+
+    def _parse(self, payload: bytes, shape: tuple[int, ...] | None) -> tuple[frame.Frame, float]:
+        """The checked frame and its scale; the body's length is checked against the
+        shape before anything is allocated."""
+        f = frame.unpack(payload, max_body=0, shape=shape)
         if f.codec != self.wire_id:
             raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
         if len(f.params) != _SCALE.size:
@@ -79,26 +208,13 @@ class _ElementwiseCodec(Codec):
                 f"{self.name} body is {len(f.body)} bytes, shape {f.shape} needs "
                 f"{f.numel * itemsize}"
             )
-        result = output_tensor(f.shape, out)
-        result.view(-1).copy_(self._wire_view(f.body))
-        return result if scale == 1.0 else result.mul_(scale)
+        return f, scale
 
     def _wire_view(self, body: memoryview) -> torch.Tensor:
         """The body as a read-only 1-D tensor of ``wire_dtype`` (no copy)."""
         if self.wire_dtype == torch.bfloat16:
             return readonly_tensor(np.frombuffer(body, dtype=np.int16)).view(torch.bfloat16)
         return readonly_tensor(np.frombuffer(body, dtype=_NUMPY_DTYPE[self.wire_dtype]))
-
-    def _scratch(self, role: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A per-thread scratch tensor, reused while the size stays the same."""
-        buf = getattr(self._local, role, None)
-        if buf is None or buf.numel() != numel:
-            buf = torch.empty(numel, dtype=dtype)
-            setattr(self._local, role, buf)
-        return buf
-
-    def estimate_ratio(self, numel: int) -> float:
-        return 4.0 / self.wire_dtype.itemsize
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -147,13 +263,18 @@ class Fp16(_ElementwiseCodec):
     wire_id = 1
     wire_dtype = torch.float16
 
+    def _wire_peak(self, wire_block: torch.Tensor) -> float:
+        low, high = torch.aminmax(wire_block)  # on the half-size output: 1.4x cheaper
+        return max(float(high), -float(low))
+
+    def _plain_cast_holds(self, peak: float) -> bool:
+        return math.isfinite(peak) and peak >= _FP16_MIN_NORMAL
+
     def _cast(self, flat: torch.Tensor, wire: torch.Tensor) -> float:
         wire.copy_(flat)
         if flat.numel() == 0:
             return 1.0
-        low, high = torch.aminmax(wire)  # on the half-size output: 1.4x cheaper than input
-        peak = max(float(high), -float(low))
-        if math.isfinite(peak) and peak >= _FP16_MIN_NORMAL:
+        if self._plain_cast_holds(self._wire_peak(wire)):
             return 1.0
         low, high = torch.aminmax(flat)
         scale = fp16_scale(max(float(high), -float(low)))

@@ -11,6 +11,7 @@ chunk that carries it does.
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 import zstandard
 
-from skyfed.compression.base import PayloadError
+from skyfed.compression.base import PayloadError, check_shape
 
 MAGIC = b"SKFD"
 VERSION = 1
@@ -117,8 +118,13 @@ def compress(data: Buffer) -> bytes:
     return compressor.compress(data)
 
 
-def unpack(payload: Buffer, *, max_body: int) -> Frame:
-    """Parse and check a frame; ``max_body`` bounds the decompressed body in bytes."""
+def unpack(payload: Buffer, *, max_body: int, shape: tuple[int, ...] | None = None) -> Frame:
+    """Parse and check a frame; ``max_body`` bounds the decompressed body in bytes.
+
+    ``shape``, when given, is the shape the caller expects: a frame claiming another is
+    refused before its body is looked at (decompressed or sized), so a small frame
+    cannot make the receiver allocate for the tensor it claims.
+    """
     if len(payload) < _HEAD.size:
         raise PayloadError(f"payload of {len(payload)} bytes is shorter than a frame header")
     magic, version, codec, flags, ndim = _HEAD.unpack_from(payload)
@@ -132,7 +138,10 @@ def unpack(payload: Buffer, *, max_body: int) -> Frame:
     end = offset + 8 * ndim + _PARAMS_LEN.size
     if len(payload) < end:
         raise PayloadError("payload is truncated inside its shape")
-    shape = struct.unpack_from(f"<{ndim}Q", payload, offset)
+    claimed = tuple(struct.unpack_from(f"<{ndim}Q", payload, offset))
+    check_shape(claimed, shape)
+    if math.prod(claimed) > MAX_NUMEL:
+        raise PayloadError(f"frame claims {math.prod(claimed)} elements, more than {MAX_NUMEL}")
     (params_len,) = _PARAMS_LEN.unpack_from(payload, offset + 8 * ndim)
     if len(payload) < end + params_len:
         raise PayloadError("payload is truncated inside its codec parameters")
@@ -141,10 +150,7 @@ def unpack(payload: Buffer, *, max_body: int) -> Frame:
     body = view[end + params_len :]
     if flags & FLAG_ZSTD:
         body = memoryview(decompress(body, max_body))
-    frame = Frame(codec, tuple(shape), params, body)
-    if frame.numel > MAX_NUMEL:
-        raise PayloadError(f"frame claims {frame.numel} elements, more than {MAX_NUMEL}")
-    return frame
+    return Frame(codec, claimed, params, body)
 
 
 def decompress(data: Buffer, max_size: int) -> bytes:

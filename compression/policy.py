@@ -33,7 +33,7 @@ import torch
 
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
-from skyfed.compression.registry import codec_names, decode_payload, make_codec
+from skyfed.compression.registry import codec_names, decode_add_payload, make_codec
 from skyfed.compression.schedule import DensityWarmup
 
 MODES = ("table", "cost")
@@ -316,7 +316,7 @@ def profile_codecs(
 ) -> dict[str, CodecProfile]:
     """Measure each codec as a link runs it (best of ``repeats``): gradient-like tensors
     of the model's ``sizes`` (elements per tensor) through error feedback, planned
-    together, then every payload decoded.
+    together, then every payload decoded into an accumulator.
 
     One flat tensor of the model's size timed Top-k at 1.3 + 0.5 ms (encode + decode)
     where the lab's near rounds measured it ~45 ms slower than FP16's (README, Figures):
@@ -326,6 +326,7 @@ def profile_codecs(
     generator = torch.Generator().manual_seed(0)
     tensors = {str(i): torch.randn(n, generator=generator) * 1e-3 for i, n in enumerate(sizes)}
     raw_bytes = 4 * sum(sizes)
+    accumulators = {key: torch.zeros_like(t) for key, t in tensors.items()}
     out = {}
     for name in names:
         codec = make_codec(name, **config.codec_params(name))
@@ -334,8 +335,8 @@ def profile_codecs(
             t0 = time.perf_counter()
             sent = ErrorFeedback().encode_all(codec, tensors)
             t1 = time.perf_counter()
-            for payload, _ in sent.values():
-                decode_payload(payload)
+            for key, (payload, _) in sent.items():
+                decode_add_payload(payload, accumulators[key])  # as the coordinator does
             t2 = time.perf_counter()
             enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
         payload_bytes = sum(len(payload) for payload, _ in sent.values())  # same every repeat

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Sequence
 
 import torch
 
 from skyfed.compression import frame
-from skyfed.compression.base import Codec, PayloadError
+from skyfed.compression.base import Codec, PayloadError, expected_shape
 from skyfed.compression.ecsgd import EcSgd
 from skyfed.compression.fp import Bf16, Fp16, Fp32
 from skyfed.compression.topk import TopK
@@ -62,7 +63,38 @@ def payload_codec(payload: bytes) -> str:
         raise PayloadError(f"payload names unknown codec id {payload[5]}") from None
 
 
-def decode_payload(payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Decode any payload by the codec its frame names (into ``out`` when given)."""
+def decode_payload(
+    payload: bytes,
+    out: torch.Tensor | None = None,
+    *,
+    shape: tuple[int, ...] | torch.Size | None = None,
+) -> torch.Tensor:
+    """Decode any payload by the codec its frame names, into ``out`` (the fast path: a
+    buffer reused round after round) or a new tensor of ``shape``.
+
+    The expected shape (``out``'s or ``shape``) is required: the frame's claimed shape
+    and lengths are checked against it before anything of that size is allocated. The
+    form with neither is deprecated (it trusts the frame's shape, within the codecs' own
+    bounds) and warns.
+    """
+    expected = expected_shape(out, shape)
+    if expected is None:
+        warnings.warn(
+            "decode_payload without out= or shape= trusts the frame's claimed shape; "
+            "pass the shape the tensor must have",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return _decoder(payload).decode(payload, out, shape=expected)
+
+
+def decode_add_payload(payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``acc += alpha * D(payload)`` by the codec its frame names (:meth:`Codec.decode_add`):
+    the frame must have ``acc``'s shape; ``acc`` (float32 or float64, a shard's view is
+    fine) is returned."""
+    return _decoder(payload).decode_add(payload, acc, alpha)
+
+
+def _decoder(payload: bytes) -> Codec:
     payload_codec(payload)
-    return _DECODERS[payload[5]].decode(payload, out)
+    return _DECODERS[payload[5]]

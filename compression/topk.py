@@ -10,7 +10,16 @@ import numpy as np
 import torch
 
 from skyfed.compression import frame, packing
-from skyfed.compression.base import Codec, PayloadError, as_flat_f32, output_tensor
+from skyfed.compression.base import (
+    Codec,
+    PayloadError,
+    as_flat_f32,
+    check_accumulator,
+    expected_shape,
+    output_tensor,
+    residual_memory,
+    storage_index,
+)
 from skyfed.compression.fp import fp16_scale, readonly_tensor
 from skyfed.compression.select import TopKSelector
 
@@ -70,12 +79,18 @@ class TopK(Codec):
         return self._encode(as_flat_f32(x), tuple(x.shape), out)[0]
 
     def encode_with_feedback(
-        self, g: torch.Tensor, residual: torch.Tensor | None
+        self,
+        g: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: frame.PayloadBuffer | None = None,
     ) -> tuple[bytes, torch.Tensor]:
-        """``e' = p`` with the kept elements replaced by their rounding error (no decode)."""
-        p = as_flat_f32(g if residual is None else g + residual)
-        payload, idx_k, sent_k = self._encode(p, tuple(g.shape))
-        new_residual = p.clone() if residual is None else p
+        """``e' = p`` with the kept elements replaced by their rounding error (no decode),
+        in the residual's memory."""
+        g_flat = as_flat_f32(g)
+        e_flat = residual_memory(g_flat, residual)
+        p = g_flat if e_flat is None else e_flat.add_(g_flat)
+        payload, idx_k, sent_k = self._encode(p, tuple(g.shape), out)
+        new_residual = p.clone() if e_flat is None else p
         new_residual[idx_k] = p[idx_k] - sent_k
         return payload, new_residual.view(g.shape)
 
@@ -118,18 +133,41 @@ class TopK(Codec):
             selector = self._local.selector = TopKSelector()
         return selector
 
-    def decode(self, payload: bytes, out: torch.Tensor | None = None) -> torch.Tensor:
-        f = frame.unpack(payload, max_body=0)
+    def decode(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        f, idx_k, values_k = self._parse(payload, expected_shape(out, shape))
+        result = output_tensor(f.shape, out)
+        flat = result.view(-1).zero_()
+        flat[idx_k] = values_k
+        return result
+
+    def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``acc[I] += alpha * D(c)``: touches the ``k`` kept elements only."""
+        check_accumulator(acc)
+        _, idx_k, values_k = self._parse(payload, tuple(acc.shape))
+        base, offsets_k = storage_index(acc, idx_k)
+        kept_k = base[offsets_k]
+        base[offsets_k] = kept_k.add_(values_k, alpha=alpha)
+        return acc
+
+    def _parse(
+        self, payload: bytes, shape: tuple[int, ...] | None
+    ) -> tuple[frame.Frame, torch.Tensor, torch.Tensor]:
+        """The frame, its kept indices (int64) and decoded values, every count checked
+        against the expected shape before anything of its size is allocated."""
+        f = frame.unpack(payload, max_body=0, shape=shape)
         if f.codec != self.wire_id:
             raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
         value_kind, index_kind, zstd, k, scale, raw_len = _parse_params(f)
         itemsize = 1 if value_kind == 0 else 2
         values_k = _decode_values(f.body[: k * itemsize], value_kind, k, scale)
         idx_k = _unpack_indices(f.body[k * itemsize :], index_kind, zstd, raw_len, k, f.numel)
-        result = output_tensor(f.shape, out)
-        flat = result.view(-1).zero_()
-        flat[torch.from_numpy(idx_k)] = values_k
-        return result
+        return f, torch.from_numpy(idx_k), values_k
 
     def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
         """One threshold over every tensor of the set, so the set keeps ``density`` overall
@@ -169,15 +207,6 @@ class TopK(Codec):
         """
         density = min(1.0, self.density * max(1, senders))
         return TopK(density=density, values=self.values, dense_below=self.dense_below)
-
-    def estimate_ratio(self, numel: int) -> float:
-        k = self.k_for(numel)
-        if k == 0:
-            return 1.0
-        value_bytes = k * (1 if self.values == "int8" else 2)
-        gap_bits = math.log2(math.e * numel / k) if k < numel else 1.0
-        index_bytes = min(k * gap_bits / 8 * 1.1, numel / 8)
-        return 4.0 * numel / (value_bytes + index_bytes + 64)
 
     def __repr__(self) -> str:
         return (

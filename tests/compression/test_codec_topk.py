@@ -44,7 +44,7 @@ def test_mostly_zero_tensor_still_sends_exactly_k() -> None:
     x = torch.zeros(500_000)
     x[::50_000] = 1.0  # 10 non-zeros, k = 5000
     codec = make_codec("topk", density=0.01)
-    y = decode_payload(codec.encode(x))
+    y = decode_payload(codec.encode(x), shape=x.shape)
     assert torch.equal(y, x)
 
 
@@ -65,7 +65,7 @@ def test_selection_reuses_buffers_across_sizes() -> None:
 def test_dense_and_sparse_index_encodings_round_trip(density: float) -> None:
     x = torch.randn(100_000)
     codec = make_codec("topk", density=density, values="fp16")
-    y = decode_payload(codec.encode(x))
+    y = decode_payload(codec.encode(x), shape=x.shape)
     kept = y != 0
     assert int(kept.sum()) == codec.k_for(x.numel())
     assert torch.allclose(y[kept], x[kept], rtol=2**-10)
@@ -74,11 +74,16 @@ def test_dense_and_sparse_index_encodings_round_trip(density: float) -> None:
 def test_downlink_has_room_for_the_union_of_the_uplinks() -> None:
     uplink = make_codec("topk", density=0.01, values="fp16")
     gens = [torch.Generator().manual_seed(s) for s in range(3)]
-    sent = [decode_payload(uplink.encode(torch.randn(10_000, generator=g))) for g in gens]
+    sent = [
+        decode_payload(uplink.encode(torch.randn(10_000, generator=g)), shape=(10_000,))
+        for g in gens
+    ]
     mean = sum(sent) / 3
     downlink = uplink.for_downlink(3)
     assert (downlink.density, downlink.values) == (0.03, "fp16")
-    assert torch.equal(decode_payload(downlink.encode(mean)).nonzero(), mean.nonzero())
+    assert torch.equal(
+        decode_payload(downlink.encode(mean), shape=mean.shape).nonzero(), mean.nonzero()
+    )
     assert make_codec("topk", density=0.5).for_downlink(3).density == 1.0
     assert make_codec("fp16").for_downlink(3).name == "fp16"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skyfed.compression import Codec, ErrorFeedback, decode_payload, make_codec
+from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, make_codec
 from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
 
@@ -35,7 +35,7 @@ def _train(codec: Codec) -> float:
             model.zero_grad(set_to_none=True)
             task.loss(model, next(stream)).backward()
             for name, p in model.named_parameters():
-                total[name] += decode_payload(ef.encode(name, codec, p.grad)[0])
+                decode_add_payload(ef.encode(name, codec, p.grad)[0], total[name])
         for name, p in model.named_parameters():
             p.grad = total[name] / WORKERS
         optimizer.step()
