@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import gc
 import logging
 import signal
 import sys
@@ -61,6 +62,10 @@ def lead(config: AgentConfig, site: Site) -> int:
     from skyfed.agent.daemon import Agent
     from skyfed.agent.link import LinkClosed
 
+    # Everything built so far (torch, the model, gRPC) lives as long as the process: out of
+    # the cyclic collector's sight, whose full passes over it took ~20 % of an agent's CPU
+    # at 25M parameters (docs/scale.md); per-chunk garbage is still collected.
+    gc.freeze()
     try:
         Agent(config, site).run()
     except LinkClosed as exc:
