@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfed.validate import require
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -21,8 +23,11 @@ class AgentConfig:
     certs: Path | None = None
     """A ``certs`` directory: ca.crt, <name>.crt, <name>.key. Explicit paths win."""
     ca: Path | None = None
+    """CA certificate (PEM) the coordinator's certificate must chain to."""
     cert: Path | None = None
+    """This agent's certificate (PEM), whose SPIFFE identity names its cloud and name."""
     key: Path | None = None
+    """This agent's private key (PEM, 0600)."""
     server_name: str | None = None
     """TLS name to expect on the coordinator's certificate, if not the host in ``coordinator``."""
     task: str = "chargpt"
@@ -47,6 +52,7 @@ class AgentConfig:
     reconnect_initial_s: float = 0.2
     """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
     reconnect_max_s: float = 5.0
+    """Longest reconnect delay, in seconds; the doubling stops here."""
     give_up_after_s: float = 600.0
     """Stop retrying after this long without a session (0: never)."""
     report: Path | None = None
@@ -70,12 +76,11 @@ class AgentConfig:
             (self.device in DEVICES, "device", " or ".join(DEVICES)),
         ]
         for ok, field, what in checks:
-            if not ok:
-                raise ValueError(f"agent option {field}={getattr(self, field)!r} must be {what}")
+            require("agent", ok, field, getattr(self, field), what)
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / f"{self.name}.crt"
             self.key = self.key or self.certs / f"{self.name}.key"
         for field in ("ca", "cert", "key"):
-            if getattr(self, field) is None:
-                raise ValueError(f"agent option {field} must be set (or give certs=DIR)")
+            value = getattr(self, field)
+            require("agent", value is not None, field, value, "set (or give certs=DIR)")

@@ -15,9 +15,8 @@ from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.service import FederationServicer
+from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
-from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -61,12 +60,13 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # gRPC sets SO_REUSEPORT by default: a second coordinator on the same port would
+            # start silently and split the agents between the two. Binding must fail instead.
+            ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
     )
-    pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(federation, PeerAuthenticator(config.crl, config.ca)), server
-    )
+    serve_federation(server, federation, PeerAuthenticator(config.crl, config.ca))
     port = server.add_secure_port(config.listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
