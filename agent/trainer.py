@@ -24,8 +24,8 @@ from skyfed.agent.parallelize import (
 )
 from skyfed.compression import Codec, decode_add_payload, decode_payload
 from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
-from skyfed.proto.serde import ShardCoords
 from skyfed.tasks.base import Task, tp_plan_of
+from skyfed.wire import ShardCoords
 
 log = logging.getLogger(__name__)
 
