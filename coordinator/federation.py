@@ -65,6 +65,11 @@ class Federation:
         self.admission = Admission(self)
         self.intake = Intake(self)
         self.rounds = Rounds(self)
+        self.checkpoints = (
+            None
+            if config.checkpoint_dir is None
+            else checkpoint.CheckpointWriter(config.checkpoint_dir)
+        )
         self._resume()
         self.weights_digest = weights_digest(self.weights)
 
@@ -90,18 +95,30 @@ class Federation:
     # ---- persistence ---------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        """Write the closed round's state (the caller holds the lock)."""
-        if self.config.checkpoint_dir is None:
+        """Start writing the closed round's state beside the broadcast (the caller holds
+        the lock, and changes the weights and residuals only after
+        :meth:`checkpoint_written`)."""
+        if self.checkpoints is None:
             return
-        checkpoint.save(
-            self.config.checkpoint_dir,
+        self.checkpoints.submit(
             checkpoint.Checkpoint(
                 round=self.round,
                 spec_digest=self.digest,
                 weights=self.weights,
                 downlink_residual=self.downlink.residual_list(),
             ),
+            self.weights_digest,
         )
+
+    def checkpoint_written(self) -> None:
+        """Wait until the last checkpoint is whole on disk (a kill no longer loses it)."""
+        if self.checkpoints is not None:
+            self.checkpoints.wait_written()
+
+    def close_checkpoints(self) -> None:
+        """At shutdown: the last checkpoint made durable (fsynced)."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
 
     def _resume(self) -> None:
         if self.config.checkpoint_dir is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Iterator
@@ -40,8 +41,11 @@ def build_federation(config: CoordinatorConfig) -> Federation:
     task = load_task(config.task)
     model = task.build_model(config.seed)
     named = list(model.named_parameters())
-    weights = [p.detach().clone().float().contiguous() for _, p in named]
-    return Federation(config, model_spec(named), weights)
+    # The parameters' own memory (float32 already): a clone would double the peak at start.
+    weights = [p.detach().float().contiguous() for _, p in named]
+    spec = model_spec(named)
+    del model, named
+    return Federation(config, spec, weights)
 
 
 @contextlib.contextmanager
@@ -73,6 +77,9 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     echo = _start_echo(config)
     federation.links.echo = echo
     server.start()
+    # What was built so far lives as long as the process: out of the cyclic collector's
+    # sight (its full passes over torch's objects cost measurable CPU, docs/scale.md).
+    gc.freeze()
     driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
     driver.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
@@ -83,6 +90,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     finally:
         federation.stop()
         driver.join(timeout=10)
+        federation.close_checkpoints()
         server.stop(grace=2).wait()
         if echo is not None:
             echo.close()
