@@ -1,10 +1,12 @@
 """Round checkpoints, written beside the broadcast and verified on load (docs/scale.md,
 Checkpoints).
 
-A checkpoint is one file per round, ``round-<n>.ckpt``: a JSON header (round, model,
-tensor layout, the sha256-tree digests of the weights and the residual) and the tensors'
-raw bytes. :class:`CheckpointWriter` writes it on its own thread while the aggregate's
-chunks are on their way, in two steps:
+A checkpoint is one file per round, ``round-<n>.ckpt``: the tensors' raw bytes (the
+weights, then the downlink residual), then a JSON footer (round, model, tensor layout,
+the sha256-tree digests of the weights and the residual), its length and a magic.
+:class:`CheckpointWriter` writes it on its own thread, each tensor as soon as the round
+has finished with it (while later tensors are still being encoded and the aggregate's
+chunks are on their way), in two steps:
 
 1. *written*: every byte is in the file under a temporary name, then renamed into place.
    From here a kill of the coordinator loses nothing (the kernel holds the pages), so
@@ -19,6 +21,7 @@ this host's disk writes ~140 MB/s fsynced (5-6 s), more than a whole round.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +44,7 @@ SUFFIX = ".ckpt"
 PREFIX = "round-"
 ALIGN = 64
 WRITE_SLICE_BYTES = 64 << 20
+TRAILER_BYTES = 8 + len(MAGIC)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -61,53 +65,10 @@ def path_for(directory: Path, round_: int) -> Path:
 
 def save(directory: Path, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` and make it durable before returning (tests, tools)."""
-    return write(directory, ckpt)
-
-
-def write(
-    directory: Path, ckpt: Checkpoint, digest: str | None = None, *, sync: bool = True
-) -> Path:
-    """Write ``ckpt`` whole under its round's name (fsynced when ``sync``); ``digest`` is
-    the weights' digest when the caller has it already (it is computed every round)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    residual = ckpt.downlink_residual
-    header = {
-        "format": FORMAT,
-        "round": ckpt.round,
-        "spec_digest": ckpt.spec_digest,
-        "weights_digest": digest or weights_digest(ckpt.weights),
-        "residual_digest": None if residual is None else weights_digest(residual),
-        "tensors": [],
-    }
-    tensors = [*ckpt.weights, *(residual or [])]
-    offset = 0
-    for t in tensors:
-        header["tensors"].append(
-            {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "offset": offset}
-        )
-        offset += _padded(t.numel() * t.element_size())
-    header["weights"], header["residual"] = len(ckpt.weights), len(residual or [])
-    head = json.dumps(header).encode()
-    preamble = MAGIC + len(head).to_bytes(8, "little") + head
-    preamble += b"\0" * (_padded(len(preamble)) - len(preamble))
-    target = path_for(directory, ckpt.round)
-    tmp = target.with_name(f".{target.name}.tmp")
-    with open(tmp, "wb", buffering=0) as f:
-        f.write(preamble)
-        for t in tensors:
-            raw = _raw(t)
-            for start in range(0, len(raw), WRITE_SLICE_BYTES):
-                f.write(raw[start : start + WRITE_SLICE_BYTES])
-            pad = _padded(len(raw)) - len(raw)
-            if pad:
-                f.write(b"\0" * pad)
-            failpoints.reached("checkpoint", ckpt.round)  # a file half written
-        if sync:
-            os.fsync(f.fileno())
-    os.replace(tmp, target)
-    if sync:
-        fsync_dir(directory)
-    return target
+    writer = CheckpointWriter(directory)
+    writer.submit(ckpt, weights_digest(ckpt.weights))
+    writer.close()
+    return path_for(directory, ckpt.round)
 
 
 def load(directory: Path) -> Checkpoint | None:
@@ -122,12 +83,10 @@ def load(directory: Path) -> Checkpoint | None:
     problems = []
     for path in candidates:
         try:
-            ckpt = read(path)
-        except (OSError, ValueError) as exc:
+            return read(path)
+        except (OSError, ValueError, KeyError) as exc:
             problems.append(f"{path.name}: {exc}")
             log.warning("[Coordinator.Checkpoint] skipping %s: %s", path, exc)
-            continue
-        return ckpt
     raise RuntimeError(
         f"no checkpoint in {directory} verifies ({'; '.join(problems)}); move them away to "
         "start over"
@@ -137,32 +96,37 @@ def load(directory: Path) -> Checkpoint | None:
 def read(path: Path) -> Checkpoint:
     """One checkpoint file, verified against its digests; ValueError if it does not."""
     with open(path, "rb", buffering=0) as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise ValueError("not a skyfed checkpoint")
-        head_len = int.from_bytes(f.read(8), "little")
-        if head_len > 1 << 24:
-            raise ValueError(f"header of {head_len} bytes")
-        header = json.loads(f.read(head_len))
-        if header.get("format") != FORMAT:
-            raise ValueError(f"format {header.get('format')}, expected {FORMAT}")
-        base = _padded(len(MAGIC) + 8 + head_len)
-        tensors = []
-        for entry in header["tensors"]:
-            t = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
-            f.seek(base + entry["offset"])
-            want = t.numel() * t.element_size()
-            if want and f.readinto(_raw(t)) != want:
-                raise ValueError("file is truncated")
-            tensors.append(t)
-    n = header["weights"]
-    weights, residual = tensors[:n], tensors[n:] if header["residual"] else None
-    if weights_digest(weights) != header["weights_digest"]:
+        size = f.seek(0, os.SEEK_END)
+        if size < TRAILER_BYTES:
+            raise ValueError("file is truncated")
+        f.seek(size - TRAILER_BYTES)
+        trailer = f.read(TRAILER_BYTES)
+        if trailer[8:] != MAGIC:
+            raise ValueError("not a whole skyfed checkpoint (no trailer)")
+        foot_len = int.from_bytes(trailer[:8], "little")
+        if foot_len > min(size, 1 << 24):
+            raise ValueError(f"footer of {foot_len} bytes")
+        f.seek(size - TRAILER_BYTES - foot_len)
+        footer = json.loads(f.read(foot_len))
+        if footer.get("format") != FORMAT:
+            raise ValueError(f"format {footer.get('format')}, expected {FORMAT}")
+        sections: dict[str, list[torch.Tensor]] = {}
+        for section in ("weights", "residual"):
+            for entry in footer.get(section) or []:
+                t = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+                want = t.numel() * t.element_size()
+                f.seek(entry["offset"])
+                if want and f.readinto(_raw(t)) != want:
+                    raise ValueError("file is truncated")
+                sections.setdefault(section, []).append(t)
+    weights, residual = sections.get("weights", []), sections.get("residual")
+    if weights_digest(weights) != footer["weights_digest"]:
         raise ValueError("weights do not match their digest")
-    if residual is not None and weights_digest(residual) != header["residual_digest"]:
+    if residual is not None and weights_digest(residual) != footer["residual_digest"]:
         raise ValueError("residual does not match its digest")
     return Checkpoint(
-        round=int(header["round"]),
-        spec_digest=str(header["spec_digest"]),
+        round=int(footer["round"]),
+        spec_digest=str(footer["spec_digest"]),
         weights=weights,
         downlink_residual=residual,
     )
@@ -170,19 +134,36 @@ def read(path: Path) -> Checkpoint:
 
 @dataclass(slots=True)
 class WriteTimes:
-    """How long the last checkpoint took, ms: to be whole in the file, then to be durable."""
+    """How long the last checkpoint took, ms from its first tensor: whole in the file,
+    then durable."""
 
     round: int = -1
     written_ms: float = 0.0
     durable_ms: float = 0.0
 
 
-class CheckpointWriter:
-    """Writes one checkpoint at a time on a thread of its own (see the module docstring).
+@dataclass(slots=True)
+class _Round:
+    """The checkpoint being written: where each tensor goes, what was written."""
 
-    The caller hands over its live tensors, not copies: it must not change them until
-    :meth:`wait_written` returns (the federation changes them only at the next round's
-    close, and :meth:`submit` itself waits for the previous write first).
+    round: int
+    spec_digest: str
+    shapes: list[tuple[int, ...]]
+    tmp: Path
+    started: float
+    entries: dict[str, dict[int, dict]]
+    end: int = 0
+    """Bytes used so far, the footer's offset once every tensor is in."""
+
+
+class CheckpointWriter:
+    """Writes one checkpoint at a time on a thread of its own (see the module docstring):
+    :meth:`begin` a round, :meth:`add` each tensor once the round is done with it,
+    :meth:`finish` with the digests, :meth:`wait_written` before the round's end goes out.
+
+    It is handed live tensors, not copies: the caller must not change a tensor added
+    until :meth:`wait_written` returns (the federation changes them only at the next
+    round's close, after waiting).
     """
 
     def __init__(self, directory: Path, keep: int = 2) -> None:
@@ -192,25 +173,55 @@ class CheckpointWriter:
         self._written = threading.Event()
         self._written.set()
         self._error: BaseException | None = None
+        self._jobs: queue.Queue = queue.Queue()
+        self._writer: threading.Thread | None = None
         # Files written, to fsync in order: (path, round, started, written_ms); None stops.
         self._to_sync: queue.Queue[tuple[Path, int, float, float] | None] = queue.Queue()
         self._syncer: threading.Thread | None = None
         for stale in directory.glob(f".{PREFIX}*{SUFFIX}.tmp"):  # a write a crash cut short
             stale.unlink(missing_ok=True)
 
-    def submit(self, ckpt: Checkpoint, digest: str) -> None:
-        """Start writing ``ckpt`` (whose weights have ``digest``) and return at once."""
+    def begin(self, round_: int, spec_digest: str, shapes: list[tuple[int, ...]]) -> None:
+        """Start round ``round_``'s file; ``shapes`` are the model's tensors' shapes."""
         self.wait_written()
         self._written.clear()
-        if self._syncer is None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="checkpoint", daemon=True)
+            self._writer.start()
             self._syncer = threading.Thread(target=self._sync_loop, name="fsync", daemon=True)
             self._syncer.start()
-        threading.Thread(
-            target=self._write, args=(ckpt, digest), name="checkpoint", daemon=True
-        ).start()
+        target = path_for(self.directory, round_)
+        self._jobs.put(
+            _Round(
+                round=round_,
+                spec_digest=spec_digest,
+                shapes=[tuple(s) for s in shapes],
+                tmp=target.with_name(f".{target.name}.tmp"),
+                started=time.perf_counter(),
+                entries={"weights": {}, "residual": {}},
+            )
+        )
+
+    def add(self, section: str, index: int, tensor: torch.Tensor) -> None:
+        """Queue tensor ``index`` of ``section`` (``weights`` or ``residual``) for writing."""
+        self._jobs.put((section, index, tensor))
+
+    def finish(self, weights_digest: str, residual_digest: str | None) -> None:
+        """Every tensor is added: write the footer and name the file (on the thread)."""
+        self._jobs.put(("finish", weights_digest, residual_digest))
+
+    def submit(self, ckpt: Checkpoint, digest: str) -> None:
+        """A whole checkpoint at once: :meth:`begin`, every :meth:`add`, :meth:`finish`."""
+        self.begin(ckpt.round, ckpt.spec_digest, [tuple(w.shape) for w in ckpt.weights])
+        for i, w in enumerate(ckpt.weights):
+            self.add("weights", i, w)
+        residual = ckpt.downlink_residual
+        for i, r in enumerate(residual or []):
+            self.add("residual", i, r)
+        self.finish(digest, None if residual is None else weights_digest(residual))
 
     def wait_written(self, timeout: float | None = None) -> None:
-        """Block until the last submitted checkpoint is whole on disk (a kill keeps it);
+        """Block until the last checkpoint is whole on disk (a kill keeps it);
         re-raises the writer's error, if it failed."""
         if not self._written.wait(timeout):
             raise TimeoutError(f"checkpoint not written within {timeout} s")
@@ -221,20 +232,95 @@ class CheckpointWriter:
     def close(self) -> None:
         """Wait for the last checkpoint to be durable (a clean stop leaves it fsynced)."""
         self.wait_written()
+        if self._writer is not None:
+            self._jobs.put(None)
+            self._writer.join()
+            self._writer = None
         if self._syncer is not None:
             self._to_sync.put(None)
             self._syncer.join()
             self._syncer = None
 
-    def _write(self, ckpt: Checkpoint, digest: str) -> None:
-        started = time.perf_counter()
-        try:
-            path = write(self.directory, ckpt, digest, sync=False)
-        except BaseException as exc:  # noqa: BLE001 - handed to the round's thread
-            self._error = exc
-            self._written.set()
-            return
-        self._to_sync.put((path, ckpt.round, started, (time.perf_counter() - started) * 1000))
+    # ---- the writer's thread -------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        current: _Round | None = None
+        f = None
+        while (job := self._jobs.get()) is not None:
+            try:
+                if isinstance(job, _Round):
+                    current = job
+                    job.tmp.parent.mkdir(parents=True, exist_ok=True)
+                    f = open(job.tmp, "wb", buffering=0)  # noqa: SIM115 - closed at finish
+                    current.end = 0
+                elif current is None or f is None:
+                    continue  # a failed round: drop its jobs until the next begins
+                elif job[0] == "finish":
+                    self._finish(current, f, job[1], job[2])
+                    current, f = None, None
+                else:
+                    section, index, tensor = job
+                    self._write_tensor(current, f, section, index, tensor)
+            except BaseException as exc:  # noqa: BLE001 - handed to the round's thread
+                with contextlib.suppress(OSError):
+                    if f is not None:
+                        f.close()
+                    if current is not None:
+                        current.tmp.unlink(missing_ok=True)
+                current, f = None, None
+                self._error = exc
+                self._written.set()
+
+    def _offset(self, r: _Round, section: str, index: int) -> int:
+        """Weights first, each tensor aligned, then the residual in the same layout."""
+        offset = 0
+        n = len(r.shapes)
+        for k in range(n * (section == "residual") + index):
+            shape = r.shapes[k % n]
+            numel = 1
+            for d in shape:
+                numel *= d
+            offset += _padded(numel * 4)
+        return offset
+
+    def _write_tensor(self, r: _Round, f, section: str, index: int, t: torch.Tensor) -> None:
+        offset = self._offset(r, section, index)
+        raw = _raw(t)
+        f.seek(offset)
+        for start in range(0, len(raw), WRITE_SLICE_BYTES):
+            f.write(raw[start : start + WRITE_SLICE_BYTES])
+        r.entries[section][index] = {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "offset": offset,
+        }
+        r.end = max(r.end, _padded(offset + len(raw)))
+        failpoints.reached("checkpoint", r.round)  # a file half written
+
+    def _finish(self, r: _Round, f, digest: str, residual_digest: str | None) -> None:
+        weights, residual = r.entries["weights"], r.entries["residual"]
+        if sorted(weights) != list(range(len(r.shapes))):
+            raise ValueError(f"checkpoint of round {r.round} misses weights")
+        if residual and sorted(residual) != list(range(len(r.shapes))):
+            raise ValueError(f"checkpoint of round {r.round} misses part of the residual")
+        footer = {
+            "format": FORMAT,
+            "round": r.round,
+            "spec_digest": r.spec_digest,
+            "weights_digest": digest,
+            "residual_digest": residual_digest if residual else None,
+            "weights": [weights[i] for i in sorted(weights)],
+            "residual": [residual[i] for i in sorted(residual)] if residual else None,
+        }
+        text = json.dumps(footer).encode()
+        f.seek(r.end)
+        f.write(text + len(text).to_bytes(8, "little") + MAGIC)
+        f.truncate()
+        f.close()
+        target = path_for(self.directory, r.round)
+        os.replace(r.tmp, target)
+        written_ms = (time.perf_counter() - r.started) * 1000
+        self._to_sync.put((target, r.round, r.started, written_ms))
         self._written.set()
 
     def _sync_loop(self) -> None:

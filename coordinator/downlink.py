@@ -94,6 +94,11 @@ class Downlink:
         shape = self.shapes[i]
         return self._buffer[: math.prod(shape)].view(shape)
 
+    def residual_of(self, i: int) -> torch.Tensor | None:
+        """Tensor ``i``'s residual (None: nothing held), live: final once its payload of
+        the round is out."""
+        return self.feedback.residuals.get(self.names[i])
+
     def residual_list(self) -> list[torch.Tensor] | None:
         """The residuals in model order, for a checkpoint (None: nothing held)."""
         r = self.feedback.residuals

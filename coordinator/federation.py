@@ -27,7 +27,7 @@ from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
 from skyfed.files import write_text_atomic
-from skyfed.fingerprint import TensorInfo, spec_digest, weights_digest
+from skyfed.fingerprint import DigestStream, TensorInfo, spec_digest, weights_digest
 from skyfed.proto import serde
 from skyfed.wire import max_payload_bytes
 
@@ -94,21 +94,36 @@ class Federation:
 
     # ---- persistence ---------------------------------------------------------------------
 
-    def checkpoint(self) -> None:
-        """Start writing the closed round's state beside the broadcast (the caller holds
-        the lock, and changes the weights and residuals only after
-        :meth:`checkpoint_written`)."""
-        if self.checkpoints is None:
-            return
-        self.checkpoints.submit(
-            checkpoint.Checkpoint(
-                round=self.round,
-                spec_digest=self.digest,
-                weights=self.weights,
-                downlink_residual=self.downlink.residual_list(),
-            ),
-            self.weights_digest,
-        )
+    def begin_round_state(self) -> None:
+        """The closing round's weights and residuals are about to become final, tensor by
+        tensor: start their digest and (with a checkpoint directory) their checkpoint."""
+        self._digest = DigestStream()
+        self._residual_digest = DigestStream()
+        self._residual_count = 0
+        if self.checkpoints is not None:
+            self.checkpoints.begin(self.round, self.digest, [t.shape for t in self.spec])
+
+    def tensor_final(self, i: int) -> None:
+        """Tensor ``i``'s weights and downlink residual are final for this round: hash them
+        and hand them to the checkpoint writer while later tensors are encoded."""
+        self._digest.add(self.weights[i])
+        if self.checkpoints is not None:
+            self.checkpoints.add("weights", i, self.weights[i])
+        residual = self.downlink.residual_of(i)
+        if residual is not None:
+            self._residual_count += 1
+            if self.checkpoints is not None:
+                self._residual_digest.add(residual)
+                self.checkpoints.add("residual", i, residual)
+
+    def end_round_state(self) -> None:
+        """Every tensor is final: the weights digest, and the checkpoint's footer (the
+        caller holds the lock and waits with :meth:`checkpoint_written` before the
+        round's end goes out and before anything changes the tensors again)."""
+        self.weights_digest = self._digest.hexdigest()
+        if self.checkpoints is not None:
+            residual = self._residual_digest.hexdigest() if self._residual_count else None
+            self.checkpoints.finish(self.weights_digest, residual)
 
     def checkpoint_written(self) -> None:
         """Wait until the last checkpoint is whole on disk (a kill no longer loses it)."""

@@ -22,7 +22,6 @@ import torch
 from skyfed import failpoints
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.coordinator.status import RoundStats
-from skyfed.fingerprint import weights_digest
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
 from skyfed.wire import ChunkKind, Payload, RoundEnd, raw_bytes
@@ -112,9 +111,9 @@ class Rounds:
         payloads = fed.downlink.encode(
             fed.weights, self._update, codec_name, contributors, fed.round
         )
+        fed.begin_round_state()
         chunks = self._stream(payloads, sessions)
-        fed.weights_digest = weights_digest(fed.weights)
-        fed.checkpoint()
+        fed.end_round_state()
         waited = time.perf_counter()
         fed.checkpoint_written()
         if fed.config.checkpoint_dir is not None:
@@ -160,6 +159,7 @@ class Rounds:
                 for s in sessions:
                     s.send_encoded(encoded)
                 sent += 1
+            fed.tensor_final(payload.tensor)  # hashed and written while the next encodes
             failpoints.reached("downlink", fed.round)
         return sent
 

@@ -32,7 +32,7 @@ def _same(a: Checkpoint, b: Checkpoint) -> bool:
 @pytest.mark.parametrize("residual", [True, False])
 def test_a_written_checkpoint_loads_bit_for_bit(tmp_path: Path, residual: bool):
     ckpt = _ckpt(4, residual)
-    checkpoint.write(tmp_path, ckpt)
+    checkpoint.save(tmp_path, ckpt)
     loaded = checkpoint.load(tmp_path)
     assert loaded is not None and _same(loaded, ckpt)
     assert (loaded.downlink_residual is None) == (not residual)
@@ -43,8 +43,8 @@ def test_no_checkpoint_is_none(tmp_path: Path):
 
 
 def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path):
-    checkpoint.write(tmp_path, _ckpt(1))
-    newest = checkpoint.write(tmp_path, _ckpt(2))
+    checkpoint.save(tmp_path, _ckpt(1))
+    newest = checkpoint.save(tmp_path, _ckpt(2))
     data = bytearray(newest.read_bytes())
     data[len(data) - 300] ^= 0xFF  # a torn page: bytes no longer match their digest
     newest.write_bytes(bytes(data))
@@ -53,7 +53,7 @@ def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path)
 
 
 def test_when_no_checkpoint_verifies_loading_is_a_clear_error(tmp_path: Path):
-    path = checkpoint.write(tmp_path, _ckpt(1))
+    path = checkpoint.save(tmp_path, _ckpt(1))
     os.truncate(path, path.stat().st_size - 100)
     with pytest.raises(RuntimeError, match="no checkpoint .* verifies"):
         checkpoint.load(tmp_path)
