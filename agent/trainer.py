@@ -23,7 +23,7 @@ from skyfed.agent.parallelize import (
     shard_of,
 )
 from skyfed.compression import Codec, decode_add_payload, decode_payload
-from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
+from skyfed.fingerprint import DigestStream, TensorInfo, model_spec, weights_digest
 from skyfed.tasks.base import Task, tp_plan_of
 from skyfed.wire import ShardCoords
 
@@ -85,8 +85,11 @@ class LocalTrainer:
         # task's optimizer.
         self.momentum: MomentumCorrection | None = None
         self._decode_buffer = torch.empty(0)
+        # The weights' digest begun by apply_encoded, valid until the weights next change.
+        self._digest: DigestStream | None = None
 
     def train(self) -> LocalResult:
+        self._digest = None
         if self.momentum is not None:
             return self._gradient_step(self.momentum)
         started = time.perf_counter()
@@ -147,6 +150,7 @@ class LocalTrainer:
     @torch.no_grad()
     def apply(self, update: list[torch.Tensor]) -> None:
         """``w -= update`` on this rank's slices: the float32 operation the coordinator does."""
+        self._digest = None
         for p, u, shard in zip(self.params, update, self.shards, strict=True):
             local_tensor(p).sub_(narrow(u, shard).to(self.device))
 
@@ -158,6 +162,9 @@ class LocalTrainer:
         A payload that does not decode raises ``PayloadError`` with the weights partly
         updated: the caller resyncs them from the coordinator.
         """
+        solo = all(s is None for s in self.shards) and self.device.type == "cpu"
+        digest = DigestStream() if solo else None
+        self._digest = None
         for p, data, shard, info in zip(self.params, datas, self.shards, self.spec, strict=True):
             local = local_tensor(p)
             if shard is None and local.device.type == "cpu":
@@ -165,10 +172,14 @@ class LocalTrainer:
             else:  # a rank's slice of a logical payload, or a GPU: decode once on the CPU
                 full = decode_payload(data, out=self._scratch(info))
                 local.sub_(narrow(full, shard).to(self.device))
+            if digest is not None:  # hashed on the pool while the next tensor decodes
+                digest.add(p.detach())
+        self._digest = digest
 
     @torch.no_grad()
     def load_encoded(self, datas: Sequence[bytes]) -> None:
         """Replace the weights by the coordinator's payloads, decoded into place."""
+        self._digest = None
         for p, data, shard, info in zip(self.params, datas, self.shards, self.spec, strict=True):
             local = local_tensor(p)
             if shard is None and local.device.type == "cpu" and local.is_contiguous():
@@ -185,13 +196,18 @@ class LocalTrainer:
     @torch.no_grad()
     def load(self, weights: list[torch.Tensor]) -> None:
         """Replace the weights by logical tensors (each rank copies its slices)."""
+        self._digest = None
         for p, w, shard in zip(self.params, weights, self.shards, strict=True):
             local_tensor(p).copy_(narrow(w, shard))
 
     @torch.no_grad()
     def digest(self) -> str:
         """sha256 of the full logical weights. Sharded tensors are all-gathered one at a
-        time (weights, never gradients); only rank 0 hashes, the others return ""."""
+        time (weights, never gradients); only rank 0 hashes, the others return "".
+        Right after :meth:`apply_encoded` on one CPU rank, the digest it started as it
+        went (the weights have not changed since: every other method clears it)."""
+        if self._digest is not None:
+            return self._digest.hexdigest()
         fulls = (full_tensor(p.detach()) for p in self.params)
         if self.rank == 0:
             return weights_digest(fulls)
