@@ -27,6 +27,7 @@ from skyfed.agent.ranks import (
 )
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
+from skyfed.allocator import fix_mmap_threshold
 from skyfed.logs import setup_logging
 from skyfed.tasks import load_task
 
@@ -38,6 +39,7 @@ EXIT_NO_SESSION = 4
 
 def run(config: AgentConfig, log_level: str | None = None) -> int:
     """Train until the federation is done; the exit code for ``agent start``."""
+    fix_mmap_threshold()
     if not needs_ranks(config):
         torch.set_num_threads(config.threads)
         return lead(config, Site(_trainer(config), sender=config.name))
@@ -81,6 +83,7 @@ def lead(config: AgentConfig, site: Site) -> int:
 def rank_main(spec: RankSpec) -> None:
     """Entry point of one rank process (spawned by :func:`skyfed.agent.ranks.start_ranks`)."""
     die_with_parent(spec.parent_pid)
+    fix_mmap_threshold()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it stuck?
     config, rank = spec.config, spec.rank
     who = config.name if rank == 0 else f"{config.name}/rank{rank}"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from skyfed.allocator import fix_mmap_threshold
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.logs import setup_logging
@@ -63,6 +64,7 @@ def main() -> None:
 def serve(config_path: Path | None, log_level: str | None, **flags: object) -> None:
     """Serve the federation until its rounds are done or SIGTERM/SIGINT."""
     setup_logging(log_level, who="coordinator")
+    fix_mmap_threshold()
     try:
         config = load_config(
             CoordinatorConfig, component="coordinator", path=config_path, flags=flags
