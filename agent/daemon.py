@@ -114,6 +114,9 @@ class Agent:
 
     def _session(self) -> None:
         self._connected = False
+        # An aggregate half received on the last session never ends: the coordinator
+        # (restarted, or another session) sends the round again from its first chunk.
+        self._agg, self._agg_datas = None, {}
         channel = open_channel(self.config)
         link = Link(channel, coordinator=self.config.coordinator)
         try:
