@@ -18,10 +18,12 @@ rounds. Per size and codec it prints medians over the rounds after the first:
 - coordinator and agent peak RSS (``VmHWM``, polled until the process exits) over the
   model's float32 bytes; the agents' figure is the largest of them. The task's optimizer
   is plain SGD, so an agent holds no optimizer state;
-- checkpoint ms: how long a round's checkpoint held the round up (``on path``) and how
-  long its write took (``write``), from the coordinator's ``[Coordinator.Checkpoint]`` log
-  lines; without them (a coordinator from before them, which saves before the broadcast)
-  the write is timed from the checkpoint's temporary file appearing to its rename.
+- checkpoint ms: how long the round waited for its checkpoint once its downlink was
+  encoded (``on path``) and how long the file took from its first tensor to being whole
+  (``write``; it is written while the downlink is encoded and sent), from the
+  coordinator's ``[Coordinator.Checkpoint]`` log lines; without them (a coordinator from
+  before them, which saved before the broadcast) the write is timed from the
+  checkpoint's temporary file appearing to its rename, all of it on the path.
 
 The last line is ``100M fp16: exchange X.X s, coordinator RSS X.Xx, agent RSS X.Xx`` (or
 the largest size and first codec measured). ``--record WHAT`` also writes the run to
