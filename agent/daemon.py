@@ -8,13 +8,12 @@ import random
 import time
 
 import grpc
-import torch
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
-from skyfed.compression import PayloadError, codec_names, decode_payload
+from skyfed.compression import PayloadError, codec_names
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
@@ -26,7 +25,6 @@ from skyfed.wire import (
     ChunkKind,
     CoordinatorMessage,
     Hello,
-    Payload,
     Receipt,
     RoundEnd,
     WeightsEnd,
@@ -77,7 +75,6 @@ class Agent:
         self._unacked: set[int] = set()
         # The aggregate being received: its assembler, the payloads and their decoding.
         self._agg: Assembler | None = None
-        self._agg_values: dict[int, torch.Tensor] = {}
         self._agg_datas: dict[int, bytes] = {}
         self._stopping = False
         self._connected = False
@@ -122,6 +119,9 @@ class Agent:
 
     def _session(self) -> None:
         self._connected = False
+        # An aggregate half received on the last session never ends: the coordinator
+        # (restarted, or another session) sends the round again from its first chunk.
+        self._agg, self._agg_datas = None, {}
         channel = open_channel(self.config)
         link = Link(channel, coordinator=self.config.coordinator)
         try:
@@ -175,7 +175,6 @@ class Agent:
     def _receive_weights(self, link: Link) -> bool:
         """Load the coordinator's weights; True if the federation has finished with them."""
         assembler = self._assembler(ChunkKind.WEIGHTS, None)
-        weights: dict[int, torch.Tensor] = {}
         datas: dict[int, bytes] = {}
         while True:
             message = self._expect(link, (Chunk, WeightsEnd), WELCOME_TIMEOUT_S)
@@ -186,13 +185,14 @@ class Agent:
                 assembler.round = message.round
             payload = assembler.add(message)
             if payload is not None:
-                weights[payload.tensor] = self._decode(payload)
                 datas[payload.tensor] = payload.data
         end = message
-        if len(weights) != len(self.spec) or end.chunks != assembler.next_seq:
-            raise Resync(f"weights transfer incomplete ({len(weights)} tensors)")
-        order = range(len(weights))
-        self.site.load([datas[i] for i in order], [weights[i] for i in order])
+        if len(datas) != len(self.spec) or end.chunks != assembler.next_seq:
+            raise Resync(f"weights transfer incomplete ({len(datas)} tensors)")
+        try:
+            self.site.load([datas[i] for i in range(len(datas))])
+        except PayloadError as exc:
+            raise Resync(f"undecodable weights: {exc}") from exc
         if self.site.digest() != end.weights_digest:
             raise Resync("received weights do not match the coordinator's digest")
         log.info("[Agent.Sync] weights of round %d loaded", end.round)
@@ -253,22 +253,22 @@ class Agent:
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
             self._agg = self._assembler(ChunkKind.AGGREGATE, chunk.round)
-            self._agg_values, self._agg_datas = {}, {}
+            self._agg_datas = {}
         payload = self._agg.add(chunk)
-        if payload is not None:
-            self._agg_values[payload.tensor] = self._decode(payload)
+        if payload is not None:  # kept encoded: decoded into the weights at the round's end
             self._agg_datas[payload.tensor] = payload.data
 
     def _round_end(self, end: RoundEnd) -> None:
-        agg, values = self._agg, self._agg_values
+        agg, datas = self._agg, self._agg_datas
         if agg is None or agg.round != end.round or agg.next_seq != end.chunks:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
-        if len(values) != len(self.spec):
+        if len(datas) != len(self.spec):
             raise Resync(f"aggregate of round {end.round} misses tensors")
-        order = range(len(values))
-        datas = [self._agg_datas[i] for i in order]
-        self.site.apply(end.round, datas, [values[i] for i in order])  # prunes old unacked
-        self._agg, self._agg_values, self._agg_datas = None, {}, {}
+        try:  # prunes old unacked; a payload that does not decode leaves us to resync
+            self.site.apply(end.round, [datas[i] for i in range(len(datas))])
+        except PayloadError as exc:
+            raise Resync(f"undecodable aggregate of round {end.round}: {exc}") from exc
+        self._agg, self._agg_datas = None, {}
         digest = self.site.digest()
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")
@@ -307,16 +307,6 @@ class Agent:
             max_chunk_bytes=self.max_chunk_bytes,
             max_payload_bytes=max_payload_bytes(self.spec),
         )
-
-    def _decode(self, payload: Payload) -> torch.Tensor:
-        info = self.spec[payload.tensor]
-        try:
-            values = decode_payload(payload.data)
-        except PayloadError as exc:
-            raise Resync(f"undecodable payload for {info.name}: {exc}") from exc
-        if tuple(values.shape) != info.shape:
-            raise Resync(f"payload for {info.name} has shape {list(values.shape)}")
-        return values
 
     def _expect(self, link: Link, kinds: tuple[type, ...], timeout: float) -> CoordinatorMessage:
         names = tuple(k.__name__ for k in kinds)

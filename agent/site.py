@@ -10,7 +10,7 @@ for the digest) therefore always line up. With one rank (``Solo``) nothing is br
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -108,14 +108,24 @@ class Site:
     def refused(self, round: int) -> None:
         self._lead(self._refused, round)
 
-    def apply(self, round: int, datas: list[bytes], decoded: list[torch.Tensor]) -> None:
+    def apply(self, round: int, datas: list[bytes]) -> None:
         """Apply the aggregate: the encoded payloads go to every rank, each decodes them
-        and subtracts its slice. ``decoded`` is rank 0's own (already checked) decoding."""
-        self._lead(self._apply, round, datas, decoded=decoded)
+        straight into its slices. Raises ``PayloadError`` for a payload that does not
+        decode (checked on rank 0 first when there are other ranks)."""
+        self._check(datas)
+        self._lead(self._apply, round, datas)
 
-    def load(self, datas: list[bytes], decoded: list[torch.Tensor]) -> None:
-        """Replace the weights by the coordinator's (a resync)."""
-        self._lead(self._load, datas, decoded=decoded)
+    def load(self, datas: list[bytes]) -> None:
+        """Replace the weights by the coordinator's (a resync); ``PayloadError`` as apply."""
+        self._check(datas)
+        self._lead(self._load, datas)
+
+    def _check(self, datas: list[bytes]) -> None:
+        """With other ranks, decode each payload here first: a bad one is refused before
+        any rank changes its weights (alone, a failed apply is followed by a resync)."""
+        if self.group.world > 1:
+            for data, info in zip(datas, self.spec, strict=True):
+                decode_payload(data, shape=info.shape)
 
     def digest(self) -> str:
         """sha256 of the full logical weights (``""`` on ranks other than 0)."""
@@ -174,14 +184,12 @@ class Site:
     def _refused(self, round: int) -> None:
         self.uplink.refused(round)
 
-    def _apply(
-        self, round: int, datas: list[bytes], decoded: list[torch.Tensor] | None = None
-    ) -> None:
-        self.trainer.apply(decoded if decoded is not None else _decode_each(datas))
+    def _apply(self, round: int, datas: list[bytes]) -> None:
+        self.trainer.apply_encoded(datas)
         self.uplink.prune(round)
 
-    def _load(self, datas: list[bytes], decoded: list[torch.Tensor] | None = None) -> None:
-        self.trainer.load(decoded if decoded is not None else _decode_each(datas))
+    def _load(self, datas: list[bytes]) -> None:
+        self.trainer.load_encoded(datas)
 
     def _digest(self) -> str:
         return self.trainer.digest()
@@ -191,9 +199,3 @@ class Site:
             raise RuntimeError("no local delta: train() must precede contribution() or keep()")
         delta, self._result = self._result.delta, None
         return delta
-
-
-def _decode_each(datas: Iterable[bytes]) -> Iterator[torch.Tensor]:
-    """Whole logical tensors, one at a time (a rank keeps only its slice of each)."""
-    for data in datas:
-        yield decode_payload(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,8 @@ from skyfed.agent.parallelize import (
     param_groups,
     shard_of,
 )
-from skyfed.compression import Codec
-from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
+from skyfed.compression import Codec, decode_add_payload, decode_payload
+from skyfed.fingerprint import DigestStream, TensorInfo, model_spec, weights_digest
 from skyfed.tasks.base import Task, tp_plan_of
 from skyfed.wire import ShardCoords
 
@@ -83,8 +84,12 @@ class LocalTrainer:
         # Gradient exchange (set_exchange): the step to send comes from here, not from the
         # task's optimizer.
         self.momentum: MomentumCorrection | None = None
+        self._decode_buffer = torch.empty(0)
+        # The weights' digest begun by apply_encoded, valid until the weights next change.
+        self._digest: DigestStream | None = None
 
     def train(self) -> LocalResult:
+        self._digest = None
         if self.momentum is not None:
             return self._gradient_step(self.momentum)
         started = time.perf_counter()
@@ -99,11 +104,12 @@ class LocalTrainer:
             losses.append(float(loss.detach()))
         with torch.no_grad():
             delta = [
-                (s - local_tensor(p)).cpu() if owned else None
+                _restore(p, s, owned)
                 for s, p, owned in zip(start, self.params, self.owned, strict=True)
             ]
-            for p, s in zip(self.params, start, strict=True):
-                local_tensor(p).copy_(s)
+        del start
+        # The exchange that follows holds no gradients (their memory became the deltas).
+        self.optimizer.zero_grad(set_to_none=True)
         samples = self.local_steps * self.task.batch_size()
         return LocalResult(delta, sum(losses) / len(losses), samples, time.perf_counter() - started)
 
@@ -144,25 +150,93 @@ class LocalTrainer:
     @torch.no_grad()
     def apply(self, update: list[torch.Tensor]) -> None:
         """``w -= update`` on this rank's slices: the float32 operation the coordinator does."""
+        self._digest = None
         for p, u, shard in zip(self.params, update, self.shards, strict=True):
             local_tensor(p).sub_(narrow(u, shard).to(self.device))
 
     @torch.no_grad()
+    def apply_encoded(self, datas: Sequence[bytes]) -> None:
+        """``w -= D(c)`` for each tensor's payload, decoded straight into this rank's slice
+        (``decode_add``): bit for bit :meth:`apply` of the decoded tensors, without them.
+
+        A payload that does not decode raises ``PayloadError`` with the weights partly
+        updated: the caller resyncs them from the coordinator.
+        """
+        solo = all(s is None for s in self.shards) and self.device.type == "cpu"
+        digest = DigestStream() if solo else None
+        self._digest = None
+        for p, data, shard, info in zip(self.params, datas, self.shards, self.spec, strict=True):
+            local = local_tensor(p)
+            if shard is None and local.device.type == "cpu":
+                decode_add_payload(data, local, -1.0)
+            else:  # a rank's slice of a logical payload, or a GPU: decode once on the CPU
+                full = decode_payload(data, out=self._scratch(info))
+                local.sub_(narrow(full, shard).to(self.device))
+            if digest is not None:  # hashed on the pool while the next tensor decodes
+                digest.add(p.detach())
+        self._digest = digest
+
+    @torch.no_grad()
+    def load_encoded(self, datas: Sequence[bytes]) -> None:
+        """Replace the weights by the coordinator's payloads, decoded into place."""
+        self._digest = None
+        for p, data, shard, info in zip(self.params, datas, self.shards, self.spec, strict=True):
+            local = local_tensor(p)
+            if shard is None and local.device.type == "cpu" and local.is_contiguous():
+                decode_payload(data, out=local)
+            else:
+                local.copy_(narrow(decode_payload(data, out=self._scratch(info)), shard))
+
+    def _scratch(self, info: TensorInfo) -> torch.Tensor:
+        """A float32 CPU buffer of ``info``'s shape, reused for every tensor."""
+        if self._decode_buffer.numel() < info.numel:
+            self._decode_buffer = torch.empty(info.numel)
+        return self._decode_buffer[: info.numel].view(info.shape)
+
+    @torch.no_grad()
     def load(self, weights: list[torch.Tensor]) -> None:
         """Replace the weights by logical tensors (each rank copies its slices)."""
+        self._digest = None
         for p, w, shard in zip(self.params, weights, self.shards, strict=True):
             local_tensor(p).copy_(narrow(w, shard))
 
     @torch.no_grad()
     def digest(self) -> str:
         """sha256 of the full logical weights. Sharded tensors are all-gathered one at a
-        time (weights, never gradients); only rank 0 hashes, the others return ""."""
+        time (weights, never gradients); only rank 0 hashes, the others return "".
+        Right after :meth:`apply_encoded` on one CPU rank, the digest it started as it
+        went (the weights have not changed since: every other method clears it)."""
+        if self._digest is not None:
+            return self._digest.hexdigest()
         fulls = (full_tensor(p.detach()) for p in self.params)
         if self.rank == 0:
             return weights_digest(fulls)
         for _ in fulls:
             pass
         return ""
+
+
+def _restore(param: torch.Tensor, start: torch.Tensor, owned: bool) -> torch.Tensor | None:
+    """Put ``start`` back into ``param`` and return ``start - end`` (None: not owned),
+    on the CPU. The difference is written into the gradient's memory where it fits, so a
+    round holds the model, its start and the gradients, never a fourth copy."""
+    local = local_tensor(param)
+    grad = None if param.grad is None else local_tensor(param.grad)
+    fits = (
+        owned
+        and local.device.type == "cpu"
+        and grad is not None
+        and grad.shape == local.shape
+        and grad.dtype == local.dtype
+        and grad.is_contiguous()
+    )
+    if fits:
+        delta = torch.sub(start, local, out=grad)
+        param.grad = None  # the buffer is the delta's now, never accumulated into again
+    else:
+        delta = (start - local).cpu() if owned else None
+    local.copy_(start)
+    return delta
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

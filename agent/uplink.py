@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from skyfed.compression import Codec, ErrorFeedback
+from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, decode_payload
+from skyfed.feedback_encode import encode_in_place
 from skyfed.fingerprint import TensorInfo
-from skyfed.wire import Payload, ShardCoords
+from skyfed.wire import Payload, ShardCoords, shard_shape
 
 
 def shard_key(name: str, shard: ShardCoords) -> str:
@@ -27,27 +28,37 @@ class Uplink:
     def __init__(self, spec: list[TensorInfo], shards: list[ShardCoords]) -> None:
         self.keys = [shard_key(t.name, s) for t, s in zip(spec, shards, strict=True)]
         self.shards = shards
+        self.shapes = {
+            key: shard_shape(t.shape, s) for key, t, s in zip(self.keys, spec, shards, strict=True)
+        }
         self.feedback = ErrorFeedback()
-        self._unacked: dict[int, dict[str, torch.Tensor]] = {}
+        # What each unacknowledged contribution sent, still encoded (a fraction of the
+        # model for most codecs, not a decoded copy of it); decoded only if it is refused.
+        self._unacked: dict[int, dict[str, bytes]] = {}
 
     def encode(self, round: int, codec: Codec, delta: list[torch.Tensor | None]) -> list[Payload]:
-        """Payloads for the owned slices (``delta[i]`` not None), less empty shards."""
+        """Payloads for the owned slices (``delta[i]`` not None), less empty shards; error
+        feedback in the residuals' own memory (``skyfed/feedback_encode.py``)."""
         owned = {
-            i: (key, d)
+            key: i
             for i, (key, d) in enumerate(zip(self.keys, delta, strict=True))
             if d is not None and (self.shards[i] is None or self.shards[i][2] > 0)
         }
-        encoded = self.feedback.encode_all(codec, dict(owned.values()))
-        payloads = [
-            Payload(i, self.shards[i], codec.name, encoded[key][0]) for i, (key, _) in owned.items()
+        tensors = ((key, delta[i]) for key, i in owned.items())
+        encoded = dict(encode_in_place(self.feedback, codec, tensors))
+        self._unacked[round] = encoded
+        return [
+            Payload(owned[key], self.shards[owned[key]], codec.name, data)
+            for key, data in encoded.items()
         ]
-        self._unacked[round] = {key: sent for key, (_, sent) in encoded.items()}
-        return payloads
 
     def sent(self, round: int) -> list[torch.Tensor | None]:
         """What the contribution to ``round`` carried, decoded, per tensor (None: not ours)."""
         carried = self._unacked.get(round, {})
-        return [carried.get(key) for key in self.keys]
+        return [
+            None if key not in carried else decode_payload(carried[key], shape=self.shapes[key])
+            for key in self.keys
+        ]
 
     def keep(self, delta: list[torch.Tensor | None]) -> None:
         """The round closed while we trained: the whole delta waits in the residuals."""
@@ -60,8 +71,12 @@ class Uplink:
         self._unacked.pop(round, None)
 
     def refused(self, round: int) -> None:
-        for key, s in self._unacked.pop(round, {}).items():
-            self.feedback.credit(key, s)
+        residuals = self.feedback.residuals
+        for key, data in self._unacked.pop(round, {}).items():
+            if key in residuals:
+                decode_add_payload(data, residuals[key])  # e += D(c), in place
+            else:
+                residuals[key] = decode_payload(data, shape=self.shapes[key])
 
     def prune(self, round: int) -> None:
         """Forget contributions older than the previous round: no receipt will come now."""

@@ -65,6 +65,7 @@ from pathlib import Path
 
 import torch
 
+from skyfed.coordinator import checkpoint
 from skyfed.lab.federation import Federation, FederationSpec
 from skyfed.lab.profiles import LinkProfile, Schedule, ScheduleStep, load_catalog
 from skyfed.lab.topology import AgentSpec, Lab, LabSpec, tear_down_on_signals
@@ -111,10 +112,11 @@ class Snapshots:
 
     def grab(self, checkpoint_dir: Path) -> None:
         try:
-            state = torch.load(checkpoint_dir / "latest.pt", map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError):
+            ckpt = checkpoint.load(checkpoint_dir)
+        except (OSError, RuntimeError, ValueError):
             return  # not written yet, or replaced under us: the next poll gets it
-        self.weights.setdefault(int(state["round"]), state["weights"])
+        if ckpt is not None:
+            self.weights.setdefault(ckpt.round, ckpt.weights)
 
     @contextlib.contextmanager
     def watching(self, checkpoint_dir: Path) -> Iterator[None]:

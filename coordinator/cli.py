@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
+from skyfed.allocator import fix_mmap_threshold
 from skyfed.config import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
@@ -113,6 +114,7 @@ def serve(
 ) -> None:
     """Serve the federation until its rounds are done or SIGTERM/SIGINT."""
     setup_logging(log_level, who="coordinator", fmt=log_format)
+    fix_mmap_threshold()
     try:
         config = load_config(
             CoordinatorConfig, component="coordinator", path=config_path, flags=flags

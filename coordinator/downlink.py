@@ -5,23 +5,39 @@ once, with the heaviest codec any member's link runs, so the one payload suits t
 link; the canonical weights take exactly what agents will decode, and what the codec did
 not send waits in an :class:`~skyfed.compression.feedback.ErrorFeedback`, the same class
 the agents' uplinks use.
+
+Nothing model-sized is made per round (docs/scale.md): each tensor's update is computed
+into one reused buffer (the aggregate decodes the mean straight into it), error feedback
+works in the residual's own memory (``skyfed/feedback_encode.py``), the weights take each
+payload decoded straight into them, and payloads are yielded tensor by tensor, so the
+first chunks can leave while later tensors are still being encoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from skyfed.compression import decode_payload, make_codec, rounding_seed
+from skyfed.compression import decode_add_payload, make_codec, rounding_seed
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.policy import PolicyConfig, heaviest
 from skyfed.coordinator.links import CodecRun
+from skyfed.feedback_encode import encode_in_place
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload
 
 SENDER = "coordinator"
 """Who sends the downlink, for its rounding seed (agent names default to <cloud>-<n>)."""
+
+Update = Callable[[int, torch.Tensor], torch.Tensor]
+"""``update(i, out)``: tensor ``i``'s update written into ``out`` (float32, its shape)."""
+
+
+def from_list(updates: Sequence[torch.Tensor]) -> Update:
+    """An :data:`Update` over tensors already made (tests, small tools)."""
+    return lambda i, out: out.copy_(updates[i])
 
 
 class Downlink:
@@ -34,6 +50,7 @@ class Downlink:
         self.feedback = ErrorFeedback()
         self.run = CodecRun()
         """The downlink's codec and the round it started; Top-k's warm-up counts from it."""
+        self._buffer = torch.empty(max((t.numel for t in spec), default=0))
 
     @staticmethod
     def codec_for(link_codecs: Iterable[str]) -> str:
@@ -43,31 +60,44 @@ class Downlink:
     def encode(
         self,
         weights: list[torch.Tensor],
-        update: list[torch.Tensor],
+        update: Update,
         codec_name: str,
         contributors: int,
         round_: int,
-    ) -> list[Payload]:
-        """Encode ``update`` (+ residual) once; subtract from ``weights`` exactly what the
-        agents will decode from the payloads."""
+    ) -> Iterator[Payload]:
+        """Encode each tensor's ``update`` (+ residual) once; subtract from ``weights``
+        exactly what the agents will decode from the payloads. Lazy: tensor ``i`` is
+        encoded and applied when its payload is asked for (a codec that plans across the
+        model forms every tensor's ``p`` before the first payload)."""
         self.run = self.run.at(codec_name, round_)
         params = self.run.params(self.policy, round_)
         seed = rounding_seed(self.seed, SENDER, round_)
         codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)
         residuals = self.feedback.residuals
         if codec.lossless and not residuals:  # nothing held, nothing to hold
-            for w, u in zip(weights, update, strict=True):
-                w.sub_(u)
-            return [Payload(i, None, codec_name, codec.encode(u)) for i, u in enumerate(update)]
-        sent = self.feedback.encode_all(codec, dict(zip(self.names, update, strict=True)))
-        payloads = []
-        for i, name in enumerate(self.names):  # the plan keeps the model's order
-            data, _ = sent[name]
-            weights[i].sub_(decode_payload(data))
-            payloads.append(Payload(i, None, codec_name, data))
+            for i in range(len(self.names)):
+                data = codec.encode(update(i, self._scratch(i)))
+                decode_add_payload(data, weights[i], -1.0)  # w - u: the codec is lossless
+                yield Payload(i, None, codec_name, data)
+            return
+        index = {name: i for i, name in enumerate(self.names)}
+        updates = ((name, update(i, self._scratch(i))) for i, name in enumerate(self.names))
+        for name, data in encode_in_place(self.feedback, codec, updates, borrowed=True):
+            i = index[name]  # the plan keeps the model's order
+            decode_add_payload(data, weights[i], -1.0)
+            yield Payload(i, None, codec_name, data)
         if codec.lossless and not any(bool(r.any()) for r in residuals.values()):
             residuals.clear()  # a lossless round that released everything owes nothing
-        return payloads
+
+    def _scratch(self, i: int) -> torch.Tensor:
+        """The one reused float32 buffer, shaped as tensor ``i``."""
+        shape = self.shapes[i]
+        return self._buffer[: math.prod(shape)].view(shape)
+
+    def residual_of(self, i: int) -> torch.Tensor | None:
+        """Tensor ``i``'s residual (None: nothing held), live: final once its payload of
+        the round is out."""
+        return self.feedback.residuals.get(self.names[i])
 
     def residual_list(self) -> list[torch.Tensor] | None:
         """The residuals in model order, for a checkpoint (None: nothing held)."""

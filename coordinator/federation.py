@@ -29,7 +29,7 @@ from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
 from skyfed.files import write_text_atomic
-from skyfed.fingerprint import TensorInfo, spec_digest, weights_digest
+from skyfed.fingerprint import DigestStream, TensorInfo, spec_digest, weights_digest
 from skyfed.proto import serde
 from skyfed.wire import max_payload_bytes
 
@@ -63,8 +63,9 @@ class Federation:
         """Set after every closed round; the observer clears it (``coordinator/observe.py``)."""
         # Operators' counters (status, metrics): refusals by gRPC status name, checkpoints.
         self.refusals: Counter[str] = Counter()
-        self.checkpoints = 0
-        self.checkpoint_s = 0.0
+        self.checkpoints_written = 0
+        self.checkpoint_wait_s = 0.0
+        """Seconds rounds waited on their checkpoint (the rest is written beside them)."""
         self.evaluation: EvalResult | None = None
         """The last held-out evaluation, set by the observer's evaluator."""
         self.max_payload = max_payload_bytes(self.spec)
@@ -76,6 +77,11 @@ class Federation:
         self.admission = Admission(self)
         self.intake = Intake(self)
         self.rounds = Rounds(self)
+        self.checkpoints = (
+            None
+            if config.checkpoint_dir is None
+            else checkpoint.CheckpointWriter(config.checkpoint_dir)
+        )
         self._resume()
         self.weights_digest = weights_digest(self.weights)
 
@@ -106,23 +112,52 @@ class Federation:
 
     # ---- persistence ---------------------------------------------------------------------
 
-    def checkpoint(self) -> None:
-        """Write the closed round's state (the caller holds the lock)."""
-        if self.config.checkpoint_dir is None:
+    def begin_round_state(self) -> None:
+        """The closing round's weights and residuals are about to become final, tensor by
+        tensor: start their digest and (with a checkpoint directory) their checkpoint."""
+        self._digest = DigestStream()
+        # The checkpoint's other sections, each hashed as its tensors become final.
+        self._section_digests = {"residual": DigestStream(), "momentum": DigestStream()}
+        self._section_counts = {"residual": 0, "momentum": 0}
+        if self.checkpoints is not None:
+            self.checkpoints.begin(self.round, self.digest, [t.shape for t in self.spec])
+
+    def tensor_final(self, i: int) -> None:
+        """Tensor ``i``'s weights, downlink residual and outer momentum are final for this
+        round: hash them and hand them to the checkpoint writer while later tensors are
+        encoded."""
+        self._digest.add(self.weights[i])
+        if self.checkpoints is None:
             return
-        started = time.monotonic()
-        checkpoint.save(
-            self.config.checkpoint_dir,
-            checkpoint.Checkpoint(
-                round=self.round,
-                spec_digest=self.digest,
-                weights=self.weights,
-                downlink_residual=self.downlink.residual_list(),
-                outer_momentum=self.outer.state(),
-            ),
-        )
-        self.checkpoints += 1
-        self.checkpoint_s += time.monotonic() - started
+        self.checkpoints.add("weights", i, self.weights[i])
+        momentum = self.outer.momentum[i] if self.outer.momentum is not None else None
+        for section, tensor in (("residual", self.downlink.residual_of(i)), ("momentum", momentum)):
+            if tensor is not None:
+                self._section_counts[section] += 1
+                self._section_digests[section].add(tensor)
+                self.checkpoints.add(section, i, tensor)
+
+    def end_round_state(self) -> None:
+        """Every tensor is final: the weights digest, and the checkpoint's footer (the
+        caller holds the lock and waits with :meth:`checkpoint_written` before the
+        round's end goes out and before anything changes the tensors again)."""
+        self.weights_digest = self._digest.hexdigest()
+        if self.checkpoints is not None:
+            digests = {"weights": self.weights_digest}
+            for section, stream in self._section_digests.items():
+                if self._section_counts[section]:
+                    digests[section] = stream.hexdigest()
+            self.checkpoints.finish(digests)
+
+    def checkpoint_written(self) -> None:
+        """Wait until the last checkpoint is whole on disk (a kill no longer loses it)."""
+        if self.checkpoints is not None:
+            self.checkpoints.wait_written()
+
+    def close_checkpoints(self) -> None:
+        """At shutdown: the last checkpoint made durable (fsynced)."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
 
     def _resume(self) -> None:
         if self.config.checkpoint_dir is None:

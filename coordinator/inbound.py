@@ -1,10 +1,11 @@
 """Contributions in flight: one object per contribution, from its header to its receipt.
 
 A contribution is announced, then arrives chunk by chunk; each whole payload is checked
-outside the lock and added to the round's sum under it; the last chunk commits it and
-earns an accepted receipt. A refused one (late, already counted) gets a refused receipt
-and its chunks are counted off and discarded; one the round closes under is withdrawn,
-so the sum is as if it never came.
+outside the lock and staged in the round's aggregate under it (held encoded until the
+close, ``coordinator/aggregate.py``); the last chunk commits it and earns an accepted
+receipt. A refused one (late, already counted) gets a refused receipt and its chunks are
+counted off and discarded; one the round closes under is withdrawn, so the sum is as if
+it never came.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from skyfed import failpoints
 from skyfed.coordinator.aggregate import Contribution
 from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import (
@@ -50,7 +52,7 @@ class Inbound:
 
     @property
     def open(self) -> bool:
-        """Accepted and still arriving: its payloads so far are in the round's sum."""
+        """Accepted and still arriving: its payloads so far are staged in the aggregate."""
         return self.entry is not None and not self.entry.done
 
     @property
@@ -65,7 +67,7 @@ class Inbound:
         return False
 
     def withdraw(self) -> None:
-        """Take what it added out of the round's sum again (if it is still open)."""
+        """Drop what it staged (if it is still open): the sum is as if it never came."""
         if self.open:
             self.entry.withdraw()
 
@@ -105,7 +107,7 @@ class Intake:
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks,
-                entry=fed.aggregate.begin(header.samples),
+                entry=fed.aggregate.begin(header.samples, session.key),
                 assembler=Assembler(
                     kind=ChunkKind.GRADIENT,
                     round=header.round,
@@ -141,7 +143,7 @@ class Intake:
         """Validate and add one chunk; completes the contribution on its last chunk.
 
         Runs on the session's reader thread: decoding and checks happen outside the lock,
-        only the addition into the round's sum happens under it.
+        only staging the checked payload happens under it.
         """
         fed = self.fed
         session.bytes_up += len(chunk.data)
@@ -155,9 +157,10 @@ class Intake:
         payload = inbound.assembler.add(chunk)
         inbound.seen += 1
         if payload is not None:
-            values = inbound.entry.check(payload)
+            inbound.entry.check(payload)
             with fed.cond:
-                inbound.entry.apply(payload, values)
+                inbound.entry.stage(payload)
+            failpoints.reached("upload", inbound.round)
         if inbound.seen == inbound.expected:
             if inbound.assembler.mid_payload:
                 raise ProtocolError("the contribution's last chunk ends inside a payload")

@@ -49,36 +49,48 @@ class OuterSettings:
 
 
 class OuterOptimizer:
-    """Turns each round's mean pseudo-gradient into the step every member applies."""
+    """Turns each round's mean pseudo-gradient into the step every member applies.
+
+    Works tensor by tensor (:meth:`step_into`), so the round's close can stream the
+    downlink without a whole-model temporary; :meth:`step` is the same over a list.
+    """
 
     def __init__(self, settings: OuterSettings) -> None:
         self.settings = settings
-        self.momentum: list[torch.Tensor] | None = None
-        """One buffer per tensor (float32, the model's size), once a step has run; None
+        self.momentum: list[torch.Tensor | None] | None = None
+        """One buffer per tensor (float32, the tensor's size) once it has stepped; None
         while it holds nothing (and always for momentum-free SGD)."""
 
     @property
     def stateful(self) -> bool:
         return self.settings.momentum > 0
 
-    def step(self, mean: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The step for this round's ``mean``; updates the momentum buffers in place."""
+    def step_into(self, index: int, mean: torch.Tensor, tensors: int) -> torch.Tensor:
+        """Tensor ``index``'s step, written over its ``mean`` (and returned); updates its
+        momentum buffer. ``tensors``: how many the model has."""
         s = self.settings
         if not self.stateful:
-            return list(mean) if s.lr == 1.0 else [g * s.lr for g in mean]
+            return mean if s.lr == 1.0 else mean.mul_(s.lr)
         if self.momentum is None:
-            self.momentum = [g.detach().clone() for g in mean]
+            self.momentum = [None] * tensors
+        buf = self.momentum[index]
+        if buf is None:
+            buf = self.momentum[index] = mean.detach().clone()
         else:
-            for b, g in zip(self.momentum, mean, strict=True):
-                b.mul_(s.momentum).add_(g)
+            buf.mul_(s.momentum).add_(mean)
         if s.kind == "nesterov":
-            pairs = zip(mean, self.momentum, strict=True)
-            return [g.add(b, alpha=s.momentum).mul_(s.lr) for g, b in pairs]
-        return [b * s.lr for b in self.momentum]
+            return mean.add_(buf, alpha=s.momentum).mul_(s.lr)
+        return mean.copy_(buf).mul_(s.lr)
+
+    def step(self, mean: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The step for each tensor of ``mean`` (overwritten in place)."""
+        return [self.step_into(i, m, len(mean)) for i, m in enumerate(mean)]
 
     def state(self) -> list[torch.Tensor] | None:
         """What a checkpoint keeps so a restart resumes the same trajectory."""
-        return self.momentum
+        if self.momentum is None or any(b is None for b in self.momentum):
+            return None
+        return [b for b in self.momentum if b is not None]
 
     def load(self, momentum: list[torch.Tensor] | None) -> None:
-        self.momentum = momentum
+        self.momentum = None if momentum is None else list(momentum)

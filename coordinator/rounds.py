@@ -2,25 +2,33 @@
 
 Round r opens; every live member may contribute once; the round closes when all live
 members have committed, or when a quorum has and the deadline has passed. Closing takes
-the weighted mean, applies the outer step, encodes the update once for every link
-(``coordinator/downlink.py``), checkpoints, and only then broadcasts: so every agent
-applies the same bytes, and no acknowledged round is ever lost.
+the weighted mean, applies the outer step and encodes the update once for every link
+(``coordinator/downlink.py``) tensor by tensor, each tensor's chunks queued for every
+agent as soon as it is encoded; the checkpoint is written while they travel, and each
+agent's ``RoundEnd``, the message that makes it apply the round, is sent only once the
+checkpoint is whole on disk: every agent applies the same bytes, and no acknowledged
+round is lost (docs/scale.md, Checkpoints).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import torch
+
+from skyfed import failpoints
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.coordinator.status import RoundStats
-from skyfed.fingerprint import weights_digest
-from skyfed.proto.chunks import cut_all
+from skyfed.proto import serde
+from skyfed.proto.chunks import cut
 from skyfed.wire import ChunkKind, Payload, RoundEnd, raw_bytes
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
+    from skyfed.coordinator.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +96,36 @@ class Rounds:
         return late and committed >= fed.config.quorum
 
     def close(self) -> None:
-        """Close the open round: the mean, the outer step, the downlink, the checkpoint,
-        the broadcast, the next round."""
+        """Close the open round: the mean, the outer step, the downlink streamed to every
+        agent, the checkpoint, the round's end, the next round."""
         fed = self.fed
         fed.intake.withdraw_all()
-        update = fed.outer.step(fed.aggregate.mean())
         codec_name = fed.downlink.codec_for(
             [s.codec for s in fed.sessions.values()] or [fed.links.start_codec]
         )
         contributors = fed.aggregate.committed
-        payloads = fed.downlink.encode(fed.weights, update, codec_name, contributors, fed.round)
-        fed.weights_digest = weights_digest(fed.weights)
+        fed.checkpoint_written()  # the last one read the weights this round changes
         final = fed.config.rounds > 0 and fed.round + 1 >= fed.config.rounds
-        fed.checkpoint()
+        sessions = list(fed.sessions.values())
+        before = {s.key: s.bytes_down for s in sessions}
+        payloads = fed.downlink.encode(
+            fed.weights, self._update, codec_name, contributors, fed.round
+        )
+        fed.begin_round_state()
+        chunks = self._stream(payloads, sessions)
+        fed.end_round_state()
+        waited = time.perf_counter()
+        fed.checkpoint_written()
+        if fed.config.checkpoint_dir is not None:
+            on_path_s = time.perf_counter() - waited
+            fed.checkpoints_written += 1
+            fed.checkpoint_wait_s += on_path_s
+            log.info(
+                "[Coordinator.Checkpoint] round=%d on_path_ms=%.0f", fed.round, on_path_s * 1000
+            )
         self._record(codec_name, contributors)
-        self._broadcast(payloads, contributors, final)
+        self._round_ends(sessions, chunks, contributors, final)
+        fed.stats.bytes_down += sum(s.bytes_down - before[s.key] for s in sessions)
         fed.write_status()
         fed.round += 1
         fed.finished = final
@@ -113,23 +136,46 @@ class Rounds:
         if not final:
             self.maybe_open()
 
-    def _broadcast(self, payloads: list[Payload], contributors: int, final: bool) -> None:
+    def _update(self, tensor: int, out: torch.Tensor) -> torch.Tensor:
+        """Tensor ``tensor``'s update into ``out``: the outer optimizer's step on the
+        weighted mean of the contributions; its staged payloads are dropped as soon as the
+        mean is taken."""
         fed = self.fed
-        chunks = cut_all(
-            payloads,
-            kind=ChunkKind.AGGREGATE,
-            round=fed.round,
-            max_chunk_bytes=fed.config.max_chunk_bytes,
-        )
-        for s in list(fed.sessions.values()):
-            before = s.bytes_down
-            for chunk in chunks:
-                s.send(chunk)
+        fed.aggregate.mean_into(tensor, out)
+        fed.aggregate.release(tensor)
+        failpoints.reached("mean", fed.round)
+        return fed.outer.step_into(tensor, out, len(fed.spec))
+
+    def _stream(self, payloads: Iterable[Payload], sessions: list[Session]) -> int:
+        """Queue every payload's chunks for every session as each payload is made (one
+        converted message per chunk, shared); the number of chunks."""
+        fed, sent = self.fed, 0
+        for payload in payloads:
+            for chunk in cut(
+                payload,
+                kind=ChunkKind.AGGREGATE,
+                round=fed.round,
+                first_seq=sent,
+                max_chunk_bytes=fed.config.max_chunk_bytes,
+            ):
+                encoded = serde.coordinator_message_to_proto(chunk)
+                for s in sessions:
+                    s.send_encoded(encoded)
+                sent += 1
+            fed.tensor_final(payload.tensor)  # hashed and written while the next encodes
+            failpoints.reached("downlink", fed.round)
+        return sent
+
+    def _round_ends(
+        self, sessions: list[Session], chunks: int, contributors: int, final: bool
+    ) -> None:
+        fed = self.fed
+        for s in sessions:
             fed.links.boundary(s, fed.round + 1)
             s.send(
                 RoundEnd(
                     round=fed.round,
-                    chunks=len(chunks),
+                    chunks=chunks,
                     weights_digest=fed.weights_digest,
                     contributors=contributors,
                     mean_loss=fed.stats.mean_loss,
@@ -138,8 +184,7 @@ class Rounds:
                     final=final,
                 )
             )
-            fed.stats.bytes_down += s.bytes_down - before
-            s.raw_bytes_down += raw_bytes(fed.spec)
+            failpoints.reached("broadcast", fed.round, settle_s=1.0)  # one agent has it
 
     def _record(self, codec_name: str, contributors: int) -> None:
         """Close the round's stats; ``bytes_down`` is added by the broadcast that follows."""

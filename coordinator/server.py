@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Iterator
@@ -49,8 +50,11 @@ def build_federation(config: CoordinatorConfig) -> Federation:
     task = load_task(config.task)
     model = task.build_model(config.seed)
     named = list(model.named_parameters())
-    weights = [p.detach().clone().float().contiguous() for _, p in named]
-    return Federation(config, model_spec(named), weights)
+    # The parameters' own memory (float32 already): a clone would double the peak at start.
+    weights = [p.detach().float().contiguous() for _, p in named]
+    spec = model_spec(named)
+    del model, named
+    return Federation(config, spec, weights)
 
 
 @contextlib.contextmanager
@@ -89,6 +93,9 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     echo = _start_echo(config)
     federation.links.echo = echo
     server.start()
+    # What was built so far lives as long as the process: out of the cyclic collector's
+    # sight (its full passes over torch's objects cost measurable CPU, docs/scale.md).
+    gc.freeze()
     _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     driver.start()
     observer.start()
@@ -101,6 +108,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         federation.stop()
         driver.join(timeout=10)
         _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+        federation.close_checkpoints()
         server.stop(grace=2).wait()
         if echo is not None:
             echo.close()

@@ -17,6 +17,7 @@ from skyfed.wire import CoordinatorMessage
 
 if TYPE_CHECKING:
     from skyfed.coordinator.links import LinkState
+    from skyfed.proto import federation_pb2 as pb
 
 
 @dataclass(eq=False)
@@ -66,7 +67,13 @@ class Session:
     def send(self, message: CoordinatorMessage) -> None:
         """Queue ``message`` for the stream; its encoded size counts in ``bytes_down``."""
         if not self.closed:
-            encoded = serde.coordinator_message_to_proto(message)
+            self.send_encoded(serde.coordinator_message_to_proto(message))
+
+    def send_encoded(self, encoded: pb.CoordinatorMessage) -> None:
+        """Queue a message already converted: a broadcast converts each chunk once and
+        queues the same message on every session (one copy of the aggregate, not one per
+        agent)."""
+        if not self.closed:
             self.bytes_down += serde.wire_size(encoded)
             self.outbox.put(encoded)
 

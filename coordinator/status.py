@@ -98,8 +98,8 @@ def build_status(fed: Federation, windows: bool = False) -> Status:
         rounds_planned=fed.config.rounds,
         min_agents=fed.config.min_agents,
         refusals=dict(fed.refusals),
-        checkpoints=fed.checkpoints,
-        checkpoint_s=fed.checkpoint_s,
+        checkpoints=fed.checkpoints_written,
+        checkpoint_s=fed.checkpoint_wait_s,
         eval_round=fed.evaluation.round if fed.evaluation else -1,
         eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
     )

@@ -72,7 +72,8 @@ def logical_delta(site: Site) -> list[torch.Tensor]:
     """The site's pseudo-gradient as the coordinator assembles it (coverage checked)."""
     contribution = (aggregate := RoundAggregate(site.spec)).begin(1)
     for p in site.contribution(0, "fp32"):
-        contribution.apply(p, contribution.check(p))
+        contribution.check(p)
+        contribution.stage(p)
     contribution.commit()
     return aggregate.mean()
 
@@ -92,7 +93,7 @@ def check_tp_path(device: str) -> str:
         rel = (num / den) ** 0.5
         require(rel < 1e-2, f"pseudo-gradient differs from the CPU's by {rel:.2e} (relative)")
         datas = [make_codec("fp32").encode(d) for d in theirs]
-        site.apply(0, datas, theirs), replica.apply(0, datas, theirs)
+        site.apply(0, datas), replica.apply(0, datas)
         require(site.digest() == replica.digest(), "one applied update: weights not bit-identical")
         placed = {str(p.device) for p in site.trainer.params}
         return (

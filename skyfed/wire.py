@@ -20,6 +20,15 @@ optimizer steps, or a momentum-corrected gradient step (skyfed.agent.momentum)."
 ShardCoords = tuple[int, int, int] | None
 """A shard is (dim, offset, length) along one dimension of a logical tensor; None is whole."""
 
+
+def shard_shape(shape: tuple[int, ...], shard: ShardCoords) -> tuple[int, ...]:
+    """The shape of ``shard`` of a tensor of ``shape`` (``shape`` itself for None)."""
+    if shard is None:
+        return tuple(shape)
+    dim, _, length = shard
+    return (*shape[:dim], length, *shape[dim + 1 :])
+
+
 PAYLOAD_SLACK_BYTES = 4096
 """What a codec's frame may add to a tensor's float32 bytes."""
 

@@ -67,7 +67,7 @@ METRICS: tuple[Metric, ...] = (
     _c("skyfed_link_last_round", GAUGE, "Last round the agent contributed to.", "agent"),
     _c("skyfed_refusals_total", COUNTER, "Contributions and peers refused, by gRPC status code.", "code"),
     _c("skyfed_checkpoints_total", COUNTER, "Checkpoints written."),
-    _c("skyfed_checkpoint_seconds_total", COUNTER, "Seconds spent writing checkpoints."),
+    _c("skyfed_checkpoint_seconds_total", COUNTER, "Seconds rounds waited for their checkpoint to be written."),
     _a("skyfed_agent_info", GAUGE, "Always 1; labels name the agent.", "agent", "cloud", "version"),
     _a("skyfed_agent_connected", GAUGE, "1 while the agent is in a session with the coordinator."),
     _a("skyfed_agent_round", GAUGE, "Last round the agent applied."),

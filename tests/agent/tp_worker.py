@@ -27,7 +27,8 @@ def logical_mean(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
     """What the coordinator makes of one contribution (coverage checked on the way)."""
     contribution = (aggregate := RoundAggregate(site.spec)).begin(1)
     for p in payloads:
-        contribution.apply(p, contribution.check(p))
+        contribution.check(p)
+        contribution.stage(p)
     contribution.commit()
     return aggregate.mean()
 
@@ -55,7 +56,7 @@ def lead(site: Site, replica: Site) -> dict:
             sum(p.tensor == i for p in payloads) for i in range(len(ours))
         ]
         datas = [fp32.encode(u) for u in theirs]
-        site.apply(round, datas, theirs), replica.apply(round, datas, theirs)
+        site.apply(round, datas), replica.apply(round, datas)
     seen["digest_after"] = site.digest() == replica.digest()
     return seen
 

@@ -1,53 +1,88 @@
-"""Checkpoints are whole or absent, and a damaged one is a clear error."""
+"""Checkpoints: whole once written, verified on load, written beside the broadcast."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from skyfed.coordinator import checkpoint
+from skyfed.coordinator.checkpoint import Checkpoint
+from skyfed.fingerprint import weights_digest
 
 
-def sample(round: int) -> checkpoint.Checkpoint:
-    return checkpoint.Checkpoint(round, "abc", [torch.full((3,), float(round))], None)
+def _ckpt(round_: int, residual: bool = True) -> Checkpoint:
+    gen = torch.Generator().manual_seed(round_)
+    weights = [torch.randn(33, 7, generator=gen), torch.randn(5, generator=gen), torch.zeros(0)]
+    res = [torch.randn(w.shape, generator=gen) for w in weights] if residual else None
+    return Checkpoint(round=round_, spec_digest="abc", weights=weights, downlink_residual=res)
 
 
-def test_checkpoint_round_trips(tmp_path):
-    checkpoint.save(tmp_path, sample(4))
-    loaded = checkpoint.load(tmp_path)
-    assert (
-        loaded is not None
-        and loaded.round == 4
-        and torch.equal(loaded.weights[0], torch.full((3,), 4.0))
+def _same(a: Checkpoint, b: Checkpoint) -> bool:
+    pairs = list(zip(a.weights, b.weights, strict=True))
+    if a.downlink_residual is not None:
+        pairs += list(zip(a.downlink_residual, b.downlink_residual, strict=True))
+    return (a.round, a.spec_digest) == (b.round, b.spec_digest) and all(
+        torch.equal(x, y) for x, y in pairs
     )
 
 
-def test_no_checkpoint_means_a_fresh_start(tmp_path):
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_written_checkpoint_loads_bit_for_bit(tmp_path: Path, residual: bool):
+    ckpt = _ckpt(4, residual)
+    checkpoint.save(tmp_path, ckpt)
+    loaded = checkpoint.load(tmp_path)
+    assert loaded is not None and _same(loaded, ckpt)
+    assert (loaded.downlink_residual is None) == (not residual)
+
+
+def test_no_checkpoint_is_none(tmp_path: Path):
     assert checkpoint.load(tmp_path) is None
 
 
-def test_failed_write_keeps_the_previous_checkpoint_and_leaves_no_temp_file(tmp_path, monkeypatch):
-    checkpoint.save(tmp_path, sample(1))
-
-    def crash(*_a, **_k):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "fsync", crash)
-    with pytest.raises(OSError):
-        checkpoint.save(tmp_path, sample(2))
-    assert checkpoint.load(tmp_path).round == 1
-    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.LATEST]
+def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path):
+    checkpoint.save(tmp_path, _ckpt(1))
+    newest = checkpoint.save(tmp_path, _ckpt(2))
+    data = bytearray(newest.read_bytes())
+    data[len(data) - 300] ^= 0xFF  # a torn page: bytes no longer match their digest
+    newest.write_bytes(bytes(data))
+    loaded = checkpoint.load(tmp_path)
+    assert loaded is not None and _same(loaded, _ckpt(1))
 
 
-def test_damaged_checkpoint_is_a_clear_error(tmp_path):
-    (tmp_path / checkpoint.LATEST).write_bytes(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="cannot be read"):
+def test_when_no_checkpoint_verifies_loading_is_a_clear_error(tmp_path: Path):
+    path = checkpoint.save(tmp_path, _ckpt(1))
+    os.truncate(path, path.stat().st_size - 100)
+    with pytest.raises(RuntimeError, match="no checkpoint .* verifies"):
         checkpoint.load(tmp_path)
 
 
+def test_the_writer_returns_at_once_and_keeps_the_newest_two(tmp_path: Path):
+    writer = checkpoint.CheckpointWriter(tmp_path, keep=2)
+    for r in range(4):
+        ckpt = _ckpt(r)
+        writer.submit(ckpt, weights_digest(ckpt.weights))
+        writer.wait_written()
+        assert checkpoint.path_for(tmp_path, r).exists()  # whole and named once written
+    writer.close()
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == [
+        checkpoint.path_for(tmp_path, r).name for r in (2, 3)
+    ]
+    assert writer.times.round == 3 and writer.times.durable_ms >= writer.times.written_ms
+    assert _same(checkpoint.load(tmp_path), _ckpt(3))
+
+
+def test_a_failed_write_is_raised_to_the_round(tmp_path: Path):
+    (tmp_path / "blocked").write_text("a file where the directory should be")
+    writer = checkpoint.CheckpointWriter(tmp_path / "blocked")
+    writer.submit(_ckpt(0), "x")
+    with pytest.raises(RuntimeError, match="checkpoint write failed"):
+        writer.wait_written()
+
+
 def test_coordinator_refuses_a_checkpoint_of_another_model(serve, tmp_path):
-    checkpoint.save(tmp_path / "ckpt", checkpoint.Checkpoint(0, "other-model", [], None))
+    checkpoint.save(tmp_path / "ckpt", Checkpoint(0, "other-model", [], None))
     with pytest.raises(RuntimeError, match="is for model other-model"):
         serve(checkpoint_dir=tmp_path / "ckpt")

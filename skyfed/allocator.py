@@ -1,0 +1,38 @@
+"""The C allocator's settings for a process that moves large tensors through many threads.
+
+glibc serves an allocation above its mmap threshold with its own mapping, returned to the
+system when freed, but it raises that threshold (up to 32 MB) each time such a block is
+freed, and per-thread arenas then keep the memory of freed chunk-sized buffers (a gRPC
+reader thread per agent, 1 MiB chunks) for good. Fixing the threshold at 128 KiB keeps
+every large buffer a mapping of its own, so peak RSS follows what is live
+(docs/scale.md, Memory). No effect off glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 128 << 10
+
+
+def fix_mmap_threshold() -> bool:
+    """Pin glibc's mmap threshold (and so its trim threshold); False where there is no
+    glibc ``mallopt``."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    ok = bool(mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_BYTES)) and ok
+    if not ok:
+        log.warning("[Allocator] mallopt refused the mmap threshold")
+    return ok

@@ -1,0 +1,69 @@
+"""Error-feedback encoding in the residual's own memory, tensor by tensor (docs/scale.md).
+
+:meth:`ErrorFeedback.encode_all <skyfed.compression.feedback.ErrorFeedback.encode_all>`
+forms every ``p = g + e`` up front, then a fresh ``e'`` and a decoded ``sent`` per tensor:
+three model-sized temporaries. This gives the same payloads and residuals, bit for bit,
+with at most one tensor-sized temporary: codecs whose input is sent element by element
+(FP16/BF16/FP32) fuse ``p = g + e`` and ``e' = p - D(c)`` into ``e``'s memory
+(``Codec.encode_with_feedback(g, e)``) one tensor at a time, so payloads can leave while
+later tensors are encoded; codecs that plan across the set (Top-k's one threshold) get
+every ``p`` built in its residual's memory first. What was sent stays encoded: decode the
+payload if it must be credited back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from skyfed.compression.base import Codec
+from skyfed.compression.feedback import ErrorFeedback
+
+
+def encode_in_place(
+    feedback: ErrorFeedback,
+    codec: Codec,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    borrowed: bool = False,
+) -> Iterator[tuple[str, bytes]]:
+    """``(key, payload)`` for each ``(key, g)`` of ``tensors`` (in their order), updating
+    ``feedback``'s residuals as ``encode_all`` does. Each ``g`` is only read; a residual's
+    memory is reused for ``p`` and ``e'``. Lazy: each payload is encoded when it is asked
+    for, and ``tensors`` is read as it is needed, so it may be a generator; ``borrowed``
+    says each ``g``'s memory is reused for the next one (a codec that plans across the set
+    then copies a ``g`` that has no residual to be added to)."""
+    if codec.bounded_release and type(codec).plan is Codec.plan:
+        for key, g in tensors:
+            yield key, _bounded(feedback, codec, key, g)
+        return
+    residuals = feedback.residuals
+    pending = {}
+    for key, g in tensors:
+        e = residuals.get(key)
+        if e is None:
+            pending[key] = g.clone() if borrowed else g
+        else:
+            pending[key] = e.add_(g)  # p = e + g, in the residual's memory
+    for key, each in codec.plan(pending).items():
+        payload, residuals[key] = each.encode_with_feedback(pending[key], None)
+        pending[key] = None  # the old residual's memory goes as soon as e' replaces it
+        yield key, payload
+
+
+def _bounded(feedback: ErrorFeedback, codec: Codec, key: str, g: torch.Tensor) -> bytes:
+    """One tensor of a codec that sends all of its input: at most ``|g|`` of the residual
+    goes with it (:func:`~skyfed.compression.feedback.released`), the rest is held."""
+    e = feedback.residuals.get(key)
+    held = None
+    if e is not None:
+        g_norm = float(torch.linalg.vector_norm(g))
+        e_norm = float(torch.linalg.vector_norm(e))
+        if e_norm > g_norm:
+            share = g_norm / e_norm
+            held = e * (1.0 - share)
+            e.mul_(share)
+    payload, residual = codec.encode_with_feedback(g, e)
+    feedback.residuals[key] = residual if held is None else residual.add_(held)
+    return payload
