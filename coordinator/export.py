@@ -9,13 +9,13 @@ beside it says which round, weights digest and task it is (docs/operations.md).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from skyfed.coordinator import checkpoint
+from skyfed.files import write_atomic, write_text_atomic
 from skyfed.fingerprint import model_spec, spec_digest, weights_digest
 from skyfed.tasks import load_task
 
@@ -45,8 +45,8 @@ def export_weights(
         "elements": sum(p.numel() for _, p in named),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic(out, lambda f: torch.save(model.state_dict(), f))
-    _atomic(meta_path(out), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    write_atomic(out, lambda f: torch.save(model.state_dict(), f))
+    write_text_atomic(meta_path(out), json.dumps(meta, indent=1))
     return meta
 
 
@@ -55,7 +55,9 @@ def export_checkpoint(checkpoint_dir: Path, out: Path, *, task: str) -> dict[str
     or it is another model's."""
     ckpt = checkpoint.load(checkpoint_dir)
     if ckpt is None:
-        raise FileNotFoundError(f"no checkpoint in {checkpoint_dir} ({checkpoint.LATEST})")
+        raise FileNotFoundError(
+            f"no checkpoint in {checkpoint_dir} ({checkpoint.PREFIX}*{checkpoint.SUFFIX})"
+        )
     model = load_task(task).build_model(0)
     digest = spec_digest(model_spec(list(model.named_parameters())))
     if ckpt.spec_digest != digest:
@@ -69,11 +71,3 @@ def export_checkpoint(checkpoint_dir: Path, out: Path, *, task: str) -> dict[str
 def meta_path(out: Path) -> Path:
     return out.with_suffix(".json")
 
-
-def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
