@@ -1,0 +1,336 @@
+"""The exchange path at scale: a real coordinator and agents on loopback, by model size.
+
+    flock /tmp/skyfed-heavy.lock python bench/scale.py                  # 1M,10M,25M,100M x fp16,topk
+    python bench/scale.py --params 1M,10M --codecs fp16 --agents 3
+    python bench/scale.py --params 100M --codecs fp16 --record baseline # bench/results/...
+
+Every run starts the real ``coordinator serve`` and ``--agents`` ``agent start`` processes
+(real mTLS with a throwaway CA, loopback) on ``skyfed.tasks.examples:wide?params=N`` (four
+square Linear layers, ``--local-steps 1``) with one fixed codec, and runs ``--rounds``
+rounds. Per size and codec it prints medians over the rounds after the first:
+
+- round s: a round's duration as the coordinator reports it (open to close; the next
+  round opens at the close, so in steady state this is the whole cycle, broadcast and the
+  agents' apply included);
+- training s: the slowest contributor's local training in that round; exchange s: the rest;
+- coordinator CPU-s per round: user + system time of the coordinator process
+  (``/proc/<pid>/stat``) between the first and the last round's close, per round;
+- coordinator and agent peak RSS (``VmHWM``, polled until the process exits) over the
+  model's float32 bytes; the agents' figure is the largest of them. The task's optimizer
+  is plain SGD, so an agent holds no optimizer state;
+- checkpoint ms: how long a round's checkpoint held the round up (``on path``) and how
+  long its write took (``write``), from the coordinator's ``[Coordinator.Checkpoint]`` log
+  lines; without them (a coordinator from before them, which saves before the broadcast)
+  the write is timed from the checkpoint's temporary file appearing to its rename.
+
+The last line is ``100M fp16: exchange X.X s, coordinator RSS X.Xx, agent RSS X.Xx`` (or
+the largest size and first codec measured). ``--record WHAT`` also writes the run to
+``bench/results/<date>-scale-<WHAT>.md`` with the command, commit and host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from skyfed.certs.testing import make_federation
+from skyfed.procs import Children, command, wait_for_file
+from skyfed.tasks import load_task
+from skyfed.tasks.examples import parse_size
+
+CLOUDS = ("aws", "gcp", "azure", "oci", "ibm", "alibaba", "ovh", "hetzner")
+TASK = "skyfed.tasks.examples:wide"
+POLL_S = 0.02
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CHECKPOINT_LOG = re.compile(r"\[Coordinator\.Checkpoint\] round=(\d+) on_path_ms=([\d.]+)")
+CHECKPOINT_WRITE_LOG = re.compile(r"\[Coordinator\.Checkpoint\] round=(\d+) written_ms=([\d.]+)")
+
+
+@dataclass(slots=True)
+class Row:
+    params: int
+    codec: str
+    round_s: float = float("nan")
+    train_s: float = float("nan")
+    exchange_s: float = float("nan")
+    cpu_s: float = float("nan")
+    coordinator_rss: float = float("nan")
+    """Peak RSS over the model's float32 bytes."""
+    agent_rss: float = float("nan")
+    on_path_ms: float = float("nan")
+    write_ms: float = float("nan")
+    rounds: int = 0
+
+
+@dataclass(slots=True)
+class Watch:
+    """What a polling thread sees of the processes while they run."""
+
+    hwm: dict[str, int] = field(default_factory=dict)
+    """Process name -> the last VmHWM read, bytes."""
+    cpu_at_round: dict[int, float] = field(default_factory=dict)
+    """Rounds closed -> the coordinator's CPU seconds when the status file first said so."""
+    writes_ms: list[float] = field(default_factory=list)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, ticks
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def watch(
+    kids: Children, status_file: Path, ckpt_dir: Path, stop: threading.Event
+) -> tuple[Watch, threading.Thread]:
+    """Poll every ``POLL_S`` until ``stop``: peak RSS, CPU at each round's close, writes."""
+    seen = Watch()
+
+    def loop() -> None:
+        tmp_since: float | None = None
+        while not stop.is_set():
+            for name, proc in list(kids.procs.items()):
+                if proc.poll() is None:
+                    with contextlib.suppress(OSError, ValueError):
+                        seen.hwm[name] = max(seen.hwm.get(name, 0), peak_rss(proc.pid))
+            coordinator = kids.procs["coordinator"]
+            try:
+                closed = len(json.loads(status_file.read_text())["rounds"])
+                if closed not in seen.cpu_at_round and coordinator.poll() is None:
+                    seen.cpu_at_round[closed] = cpu_seconds(coordinator.pid)
+            except (OSError, ValueError, KeyError):
+                pass
+            writing = any(ckpt_dir.glob(".ckpt-*.tmp")) if ckpt_dir.exists() else False
+            if writing and tmp_since is None:
+                tmp_since = time.monotonic()
+            elif not writing and tmp_since is not None:
+                seen.writes_ms.append((time.monotonic() - tmp_since) * 1000)
+                tmp_since = None
+            time.sleep(POLL_S)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return seen, thread
+
+
+def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
+    spec = f"{TASK}?params={params}"
+    certs = work / "certs"
+    agents = [(CLOUDS[i % len(CLOUDS)], f"{CLOUDS[i % len(CLOUDS)]}-1") for i in range(args.agents)]
+    make_federation(certs, agents)
+    status_file, ckpt_dir = work / "status.json", work / "ckpt"
+    kids = Children(work / "logs")
+    stop = threading.Event()
+    try:
+        flags = {
+            "--certs": certs,
+            "--listen": "127.0.0.1:0",
+            "--port-file": work / "port",
+            "--status-file": status_file,
+            "--rounds": args.rounds,
+            "--min-agents": args.agents,
+            "--task": spec,
+            "--codec": codec,
+            "--checkpoint-dir": ckpt_dir,
+            "--round-deadline-s": 600,
+        }
+        coordinator = kids.start("coordinator", command("coordinator", "serve", *_argv(flags)))
+        seen, watcher = watch(kids, status_file, ckpt_dir, stop)
+        port = int(wait_for_file(work / "port", 300, coordinator))
+        for i, (cloud, name) in enumerate(agents):
+            agent = {
+                "--cloud": cloud,
+                "--name": name,
+                "--coordinator": f"localhost:{port}",
+                "--certs": certs,
+                "--task": spec,
+                "--shard": i,
+                "--num-shards": args.agents,
+                "--local-steps": 1,
+                "--report": work / f"{name}.json",
+            }
+            kids.start(name, command("agent", "start", *_argv(agent)))
+        deadline = time.monotonic() + args.timeout_s
+        for name in ["coordinator", *(n for _, n in agents)]:
+            code = kids.procs[name].wait(timeout=max(1.0, deadline - time.monotonic()))
+            if code != 0:
+                raise RuntimeError(f"{name} exited {code}:\n{kids.log(name)[-3000:]}")
+        stop.set()
+        watcher.join()
+        return _row(params, codec, args, work, seen, kids, agents)
+    finally:
+        stop.set()
+        kids.stop_all()
+
+
+def _row(
+    params: int,
+    codec: str,
+    args: argparse.Namespace,
+    work: Path,
+    seen: Watch,
+    kids: Children,
+    agents: list[tuple[str, str]],
+) -> Row:
+    model = sum(p.numel() for p in load_task(f"{TASK}?params={params}").build_model(0).parameters())
+    model_bytes = model * 4
+    status = json.loads((work / "status.json").read_text())
+    rounds = status["rounds"][1:] or status["rounds"]
+    digests = {json.loads((work / f"{n}.json").read_text())["weights_digest"] for _, n in agents}
+    if digests != {status["weightsDigest"]}:
+        raise RuntimeError(f"agents differ from the coordinator at {params} {codec}: {digests}")
+    row = Row(params, codec, rounds=len(status["rounds"]))
+    row.round_s = statistics.median(r["durationS"] for r in rounds)
+    row.train_s = statistics.median(r.get("trainS", 0.0) for r in rounds)
+    row.exchange_s = statistics.median(r["durationS"] - r.get("trainS", 0.0) for r in rounds)
+    marks = sorted(seen.cpu_at_round.items())
+    marks = [(n, c) for n, c in marks if n >= 1]
+    if len(marks) >= 2:
+        (n0, c0), (n1, c1) = marks[0], marks[-1]
+        row.cpu_s = (c1 - c0) / (n1 - n0)
+    row.coordinator_rss = seen.hwm.get("coordinator", 0) / model_bytes
+    row.agent_rss = max(seen.hwm.get(n, 0) for _, n in agents) / model_bytes
+    log = kids.log("coordinator")
+    on_path = [float(m.group(2)) for m in CHECKPOINT_LOG.finditer(log)]
+    written = [float(m.group(2)) for m in CHECKPOINT_WRITE_LOG.finditer(log)]
+    if written:
+        row.write_ms = statistics.median(written)
+        row.on_path_ms = statistics.median(on_path) if on_path else float("nan")
+    elif seen.writes_ms:
+        row.write_ms = statistics.median(seen.writes_ms)
+        row.on_path_ms = row.write_ms  # saved before the broadcast: all of it on the path
+    return row
+
+
+def _argv(flags: dict[str, object]) -> list[str]:
+    return [str(x) for kv in flags.items() for x in kv]
+
+
+def size_text(n: int) -> str:
+    return f"{n // 10**6}M" if n >= 10**6 else f"{n // 10**3}k"
+
+
+def table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| params | codec | round s | training s | exchange s | coordinator CPU-s/round "
+        "| coordinator peak RSS / model | agent peak RSS / model | checkpoint on path ms "
+        "| checkpoint write ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {size_text(r.params)} | {r.codec} | {r.round_s:.2f} | {r.train_s:.2f} "
+            f"| {r.exchange_s:.2f} | {r.cpu_s:.2f} | {r.coordinator_rss:.1f}x "
+            f"| {r.agent_rss:.1f}x | {r.on_path_ms:.0f} | {r.write_ms:.0f} |"
+        )
+    return lines
+
+
+def last_line(rows: list[Row]) -> str:
+    pick = next((r for r in rows if r.params == 100_000_000 and r.codec == "fp16"), None)
+    if pick is None:
+        pick = max(rows, key=lambda r: r.params)
+    return (
+        f"{size_text(pick.params)} {pick.codec}: exchange {pick.exchange_s:.1f} s, "
+        f"coordinator RSS {pick.coordinator_rss:.1f}x, agent RSS {pick.agent_rss:.1f}x"
+    )
+
+
+def record(what: str, argv: list[str], lines: list[str]) -> Path:
+    today = datetime.date.today().isoformat()
+    path = Path(__file__).parent / "results" / f"{today}-scale-{what}.md"
+    path.parent.mkdir(exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
+    text = [
+        f"# bench/scale.py: {what}",
+        "",
+        f"- command: `python bench/scale.py {shlex.join(argv)}`",
+        f"- commit: `{commit}`",
+        f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
+        f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
+        "",
+        "```",
+        free.rstrip(),
+        "```",
+        "",
+        *lines,
+        "",
+    ]
+    if path.exists():  # a second run of the same record (another size): appended
+        with path.open("a") as f:
+            f.write("\n".join(text))
+    else:
+        path.write_text("\n".join(text))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default="1M,10M,25M,100M", help="Model sizes, k/M suffixes.")
+    parser.add_argument("--codecs", default="fp16,topk", help="Fixed codecs, one run each.")
+    parser.add_argument("--agents", type=int, default=3, help=f"Agents, 1..{len(CLOUDS)}.")
+    parser.add_argument("--rounds", type=int, default=5, help="Rounds per run (medians skip 0).")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="Per run.")
+    parser.add_argument(
+        "--record", metavar="WHAT", help="Also write bench/results/<date>-scale-WHAT.md."
+    )
+    parser.add_argument("--keep", type=Path, help="Keep each run's directory (logs) under here.")
+    args = parser.parse_args(argv)
+    raw = sys.argv[1:] if argv is None else argv
+    try:
+        sizes = [parse_size(s) for s in args.params.split(",")]
+    except ValueError as exc:
+        parser.error(str(exc))
+    codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+    if not 1 <= args.agents <= len(CLOUDS) or args.rounds < 3:
+        parser.error(f"--agents must be 1..{len(CLOUDS)} and --rounds >= 3")
+    rows = []
+    for size in sizes:
+        for codec in codecs:
+            with tempfile.TemporaryDirectory(prefix="skyfed-scale-") as tmp:
+                work = Path(tmp) if args.keep is None else args.keep / f"{size_text(size)}-{codec}"
+                work.mkdir(parents=True, exist_ok=True)
+                started = time.monotonic()
+                rows.append(run(size, codec, args, work))
+                print(
+                    f"{size_text(size)} {codec}: done in {time.monotonic() - started:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    lines = [
+        f"{args.agents} agents, {args.rounds} rounds, --local-steps 1, loopback; medians over "
+        "rounds 1..",
+        "",
+        *table(rows),
+        "",
+        last_line(rows),
+    ]
+    print("\n".join(lines))
+    if args.record:
+        print(f"recorded in {record(args.record, raw, lines)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
