@@ -54,6 +54,9 @@ def start(config_path: Path | None, log_level: str | None, **flags: object) -> N
         raise click.UsageError(str(exc)) from exc
     setup_logging(log_level, who=config.name)
     from skyfed.agent.launch import run
+    from skyfed.netinfo import log_congestion_control
+
+    log_congestion_control(config.coordinator.rpartition(":")[0].strip("[]"), "agent")
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
     sys.exit(run(config, log_level))

@@ -1,0 +1,80 @@
+"""What the network gives this host's connections to a peer: the TCP congestion control.
+
+gRPC's Python API has no socket hook, so a service cannot choose its connections'
+congestion control; it can say which one they get. The route to the peer decides first
+(``ip route ... congctl bbr``, as the lab sets it), else the host's default
+(``net.ipv4.tcp_congestion_control``). Both ends call :func:`congestion_control` at start
+and log it (docs/wan.md says how to give a real host BBR).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CC = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+LOSS_BASED = frozenset({"reno", "cubic", "htcp", "bic", "highspeed", "scalable", "westwood"})
+"""Congestion controls that halve their window on a random loss (Mathis: rate ~ 1/sqrt(p))."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class CongestionControl:
+    """The congestion control TCP connections to one peer get, and where it comes from."""
+
+    name: str
+    """Algorithm name as the kernel spells it (``cubic``, ``bbr``), or ``unknown``."""
+    source: str
+    """``route`` (a ``congctl`` metric on the route to the peer), ``host`` (the default
+    sysctl) or ``unknown`` (neither could be read: not Linux)."""
+
+    @property
+    def loss_based(self) -> bool:
+        """True for an algorithm that a random loss slows (CUBIC, Reno, ...)."""
+        return self.name in LOSS_BASED
+
+
+def congestion_control(peer: str) -> CongestionControl:
+    """The congestion control of this host's TCP connections to ``peer`` (a host or address)."""
+    try:
+        addr = socket.getaddrinfo(peer, None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError):
+        addr = peer
+    name = _route_congctl(str(addr))
+    if name:
+        return CongestionControl(name=name, source="route")
+    try:
+        return CongestionControl(name=DEFAULT_CC.read_text().strip(), source="host")
+    except OSError:
+        return CongestionControl(name="unknown", source="unknown")
+
+
+def log_congestion_control(peer: str, role: str) -> CongestionControl:
+    """Log (and return) what :func:`congestion_control` finds for ``peer``."""
+    cc = congestion_control(peer)
+    logger.info("[NetInfo.CC] role=%s peer=%s cc=%s source=%s", role, peer, cc.name, cc.source)
+    return cc
+
+
+def _route_congctl(addr: str) -> str | None:
+    ip = shutil.which("ip")
+    if ip is None:
+        return None
+    try:
+        out = subprocess.run(
+            [ip, "-j", "-d", "route", "get", addr], capture_output=True, text=True, timeout=5
+        ).stdout
+        routes = json.loads(out) if out.strip() else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    for route in routes:
+        for metric in route.get("metrics", []):
+            if isinstance(metric, dict) and "congestion" in metric:  # iproute2's JSON name
+                return str(metric["congestion"]).removeprefix("lock ").strip()
+    return None
