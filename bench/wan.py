@@ -1,0 +1,353 @@
+"""skyfed over WAN links: exchange time against the link's physical floor, in the network lab.
+
+    sudo flock /tmp/skyfed-heavy.lock python bench/wan.py --quick --record quick
+    sudo python bench/wan.py --profiles cross-region --codecs topk --cc cubic,bbr
+    sudo python bench/wan.py --check-under-load --record lab-under-load
+
+Every run builds a lab (lab/topology.py) with a coordinator and 3 agents (``aws-1``,
+``gcp-1``, ``azure-1``), every agent on its own link of one profile, and runs the real
+``coordinator serve`` and ``agent start`` (mTLS, a throwaway CA) on
+``skyfed.tasks.examples:wide?params=10M`` with one fixed codec for ``--rounds`` rounds.
+The congestion control is set per route on both ends (``PROFILE+bbr``, docs/wan.md).
+Per run it prints medians over the rounds after the first:
+
+- training s: the slowest contributor's local training (the coordinator's ``train_s``);
+- exchange s: the round's duration minus its training (upload, aggregate, broadcast, apply);
+- floor s: one round trip plus a link's bytes up and down at the profile's rate (for
+  ``lan``, which has no rate, at the lab's TCP ceiling measured in the same run);
+- round s: the round's duration as the coordinator reports it;
+- bare TCP s: one fresh plain TCP connection moving the same bytes up, then another down,
+  on aws-1's link in the same lab after the federation finished (same congestion control).
+
+``--streams`` (N = 1, or ``auto`` for the monitor's N) and ``--overlap`` need the
+coordinator options of striped sessions and overlap (issue #20 items 1, 2 and 5); a run
+asking for them on a coordinator without those options fails with that reason.
+The last line is ``worst exchange/floor: X.XXx (<profile>, <settings>)`` over the runs at
+default settings (N and overlap at their defaults, BBR: the congestion control
+docs/wan.md tells hosts to set). ``--record WHAT`` writes the run to
+``bench/results/<date>-wan-<WHAT>.md`` with the command, commit and host.
+
+``--check-under-load`` instead measures every link of a 3-agent lab *at once* with the
+lab's self-check (RTT, loss, rate both ways) while that lab's federation trains, which is
+when a userspace shaper used to starve (docs/wan.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyfed.lab.federation import Federation, FederationSpec, round_floor_s
+from skyfed.lab.netns import why_unavailable
+from skyfed.lab.profiles import load_catalog
+from skyfed.lab.selfcheck import PROBE_PORT, CheckSettings, measure_ceiling, measure_link
+from skyfed.lab.topology import COORDINATOR, AgentSpec, Lab, LabSpec, tear_down_on_signals
+
+AGENTS = ("aws-1", "gcp-1", "azure-1")
+TASK = "skyfed.tasks.examples:wide?params={params}"
+BARE_PORT = 47100
+DEFAULTS = {"streams": "1", "overlap": "off", "cc": "bbr"}
+"""The settings the last line's worst case is taken over (see the module docstring)."""
+
+
+@dataclass(slots=True)
+class Row:
+    profile: str
+    codec: str
+    cc: str
+    streams: str
+    overlap: str
+    train_s: float = float("nan")
+    exchange_s: float = float("nan")
+    floor_s: float = float("nan")
+    round_s: float = float("nan")
+    bare_s: float = float("nan")
+    mb_up: float = float("nan")
+    """Per link per round, MB."""
+    mb_down: float = float("nan")
+    rounds: int = 0
+    note: str = ""
+
+    @property
+    def settings(self) -> str:
+        return f"{self.codec}, {self.cc}, N={self.streams}, overlap {self.overlap}"
+
+    @property
+    def ratio(self) -> float:
+        return self.exchange_s / self.floor_s if self.floor_s > 0 else float("nan")
+
+    @property
+    def default(self) -> bool:
+        return (self.cc, self.streams, self.overlap) == tuple(
+            DEFAULTS[k] for k in ("cc", "streams", "overlap")
+        )
+
+
+def coordinator_has(option: str) -> bool:
+    """Whether ``coordinator serve`` knows ``option`` (striping and overlap land later)."""
+    out = subprocess.run(
+        ["coordinator", "serve", "--help"], capture_output=True, text=True, check=False
+    )
+    return option in out.stdout
+
+
+def run_one(
+    profile: str, codec: str, cc: str, streams: str, overlap: str, args: argparse.Namespace
+) -> Row:
+    row = Row(profile, codec, cc, streams, overlap)
+    task = TASK.format(params=args.params)
+    coord_args = ["--task", task, "--codec", codec]
+    if streams != "1":
+        if not coordinator_has("--max-streams"):
+            raise SystemExit("--streams other than 1 needs striped sessions (issue #20 item 1)")
+        coord_args += ["--max-streams", "8" if streams == "auto" else streams]
+    if overlap == "on":
+        if not coordinator_has("--overlap"):
+            raise SystemExit("--overlap on needs the coordinator's overlap (issue #20 item 5)")
+        coord_args += ["--overlap"]
+    with tempfile.TemporaryDirectory(prefix="skyfed-wan-") as tmp:
+        work = Path(tmp) if args.keep is None else args.keep / f"{profile}-{row.settings}"
+        work.mkdir(parents=True, exist_ok=True)
+        status_file = work / "status.json"
+        coord_args += ["--status-file", str(status_file)]
+        agent_args = ["--task", task, "--local-steps", str(args.local_steps)]
+        spec = FederationSpec(
+            rounds=args.rounds,
+            round_deadline_s=args.timeout_s,
+            coordinator_args=tuple(coord_args),
+            agent_args=tuple(agent_args),
+        )
+        link_profile = f"{profile}+{cc}"
+        agents = tuple(AgentSpec(name=a, profile=link_profile) for a in AGENTS)
+        with Lab(spec=LabSpec(agents=agents)) as lab:
+            rate = lab.link(AGENTS[0]).profile.rate_mbit
+            rtt = lab.link(AGENTS[0]).profile.rtt_ms
+            if not rate:
+                rate = measure_ceiling(lab, AGENTS[0])
+                row.note = f"lan rate: lab ceiling {rate:.0f} Mbit/s"
+            fed = Federation(lab, spec, work)
+            fed.start()
+            codes = fed.wait(args.timeout_s * args.rounds + 120)
+            if any(c != 0 for c in codes.values()):
+                tails = "\n".join(f"--- {h}\n{fed.tail(h, 15)}" for h in codes)
+                raise RuntimeError(f"{profile} {row.settings}: exit codes {codes}\n{tails}")
+            status = json.loads(status_file.read_text())
+            rounds = status["rounds"][1:] or status["rounds"]
+            row.rounds = len(status["rounds"])
+            n = max(1, len(AGENTS))
+            up = statistics.median(int(r["bytesUp"]) / n for r in rounds)
+            down = statistics.median(int(r["bytesDown"]) / n for r in rounds)
+            row.mb_up, row.mb_down = up / 1e6, down / 1e6
+            row.round_s = statistics.median(r["durationS"] for r in rounds)
+            row.train_s = statistics.median(r.get("trainS", 0.0) for r in rounds)
+            row.exchange_s = statistics.median(
+                r["durationS"] - r.get("trainS", 0.0) for r in rounds
+            )
+            row.floor_s = round_floor_s(rtt, rate, up, down)
+            row.bare_s = bare_tcp_s(lab, AGENTS[0], int(up), True) + bare_tcp_s(
+                lab, AGENTS[0], int(down), False
+            )
+    return row
+
+
+def bare_tcp_s(lab: Lab, agent: str, nbytes: int, upward: bool) -> float:
+    """Seconds one fresh TCP connection takes to move ``nbytes`` over ``agent``'s link."""
+    if nbytes <= 0:
+        return 0.0
+    src, dst = (agent, COORDINATOR) if upward else (COORDINATOR, agent)
+    addr = str(lab.address(dst))
+    probe = [sys.executable, "-m", "skyfed.lab.probe"]
+    sink = subprocess.Popen(
+        lab.hosts[dst].exec_argv(
+            [*probe, "tcp-sink", "--bind", addr, "--port", str(BARE_PORT), "--duration-s", "600"]
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sink.stdout is not None
+        sink.stdout.readline()  # ready
+        send = [*probe, "tcp-send", "--to", addr, "--port", str(BARE_PORT), "--bytes", str(nbytes)]
+        out = subprocess.run(
+            lab.hosts[src].exec_argv([*send, "--duration-s", "600"]),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=900,
+        ).stdout
+        return float(json.loads(out.splitlines()[-1])["seconds"])
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+def check_under_load(args: argparse.Namespace) -> list[str]:
+    """Self-check every link at once while the lab's federation trains."""
+    profile = args.profiles.split(",")[0] if args.profiles else "cross-region"
+    agents = tuple(AgentSpec(name=a, profile=profile) for a in AGENTS)
+    task = TASK.format(params=args.params)
+    lines = [f"{len(AGENTS)} links of {profile}, measured at once while the federation trains:"]
+    with (
+        tempfile.TemporaryDirectory(prefix="skyfed-wan-check-") as tmp,
+        Lab(spec=LabSpec(agents=agents)) as lab,
+    ):
+        spec = FederationSpec(
+            rounds=1,
+            round_deadline_s=600,
+            coordinator_args=("--task", task, "--codec", "topk"),
+            agent_args=("--task", task, "--local-steps", str(args.load_steps)),
+        )
+        fed = Federation(lab, spec, Path(tmp))
+        fed.start()
+        time.sleep(args.load_warmup_s)  # agents are up and in their local steps
+        load = os.getloadavg()[0]
+        reports: dict[str, object] = {}
+
+        def measure(i: int, agent: str) -> None:
+            settings = dataclasses.replace(CheckSettings(), port=PROBE_PORT + i)
+            reports[agent] = measure_link(lab, agent, settings)
+
+        threads = [threading.Thread(target=measure, args=(i, a)) for i, a in enumerate(AGENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        training = [a for a, p in fed.agent_procs.items() if p.popen.poll() is None]
+        lines.append(f"load average at the start: {load:.1f}; agents still training: {training}")
+        lines += [reports[a].summary() for a in AGENTS]  # type: ignore[attr-defined]
+        ok = all(reports[a].ok for a in AGENTS)  # type: ignore[attr-defined]
+        lines.append(f"links passing their self-check under load: {'all' if ok else 'NOT all'}")
+    return lines
+
+
+def table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| profile | settings | MB up/down per link | training s | exchange s | floor s "
+        "| exchange/floor | round s | bare TCP s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.profile} | {r.settings} | {r.mb_up:.2f}/{r.mb_down:.2f} | {r.train_s:.2f} "
+            f"| {r.exchange_s:.2f} | {r.floor_s:.2f} | {r.ratio:.2f}x | {r.round_s:.2f} "
+            f"| {r.bare_s:.2f} |"
+        )
+    return lines
+
+
+def worst_line(rows: list[Row]) -> str:
+    picked = [r for r in rows if r.default] or rows
+    worst = max(picked, key=lambda r: r.ratio)
+    return f"worst exchange/floor: {worst.ratio:.2f}x ({worst.profile}, {worst.settings})"
+
+
+def record(what: str, argv: list[str], lines: list[str]) -> Path:
+    today = datetime.date.today().isoformat()
+    path = Path(__file__).parent / "results" / f"{today}-wan-{what}.md"
+    path.parent.mkdir(exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
+    text = [
+        f"# bench/wan.py: {what}",
+        "",
+        f"- command: `python bench/wan.py {shlex.join(argv)}`",
+        f"- commit: `{commit}`",
+        f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
+        f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
+        "",
+        "```",
+        free.rstrip(),
+        "```",
+        "",
+        *lines,
+        "",
+    ]
+    path.write_text("\n".join(text))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profiles", default="lan,far-clean,cross-region,transpacific")
+    parser.add_argument("--codecs", default="fp16,topk")
+    parser.add_argument("--cc", default="cubic,bbr", help="Congestion controls, one run each.")
+    parser.add_argument("--streams", default="1", help="N per run: 1, a number, or auto.")
+    parser.add_argument("--overlap", default="off", help="off, on, or off,on.")
+    parser.add_argument("--params", default="10M", help="Model size of the wide task.")
+    parser.add_argument("--rounds", type=int, default=3, help="Rounds per run (medians skip 0).")
+    parser.add_argument("--local-steps", type=int, default=4)
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="Per round.")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 rounds; fp16 with CUBIC only on clean profiles (it crawls on lossy ones).",
+    )
+    parser.add_argument("--check-under-load", action="store_true")
+    parser.add_argument("--load-warmup-s", type=float, default=20.0)
+    parser.add_argument("--load-steps", type=int, default=600, help="Local steps while checking.")
+    parser.add_argument("--record", metavar="WHAT")
+    parser.add_argument("--keep", type=Path, help="Keep each run's directory (logs) here.")
+    args = parser.parse_args(argv)
+    raw = sys.argv[1:] if argv is None else argv
+    reason = why_unavailable()
+    if reason:
+        parser.exit(2, f"bench/wan.py: {reason}\n")
+    tear_down_on_signals()
+    if args.check_under_load:
+        lines = check_under_load(args)
+    else:
+        if args.quick:
+            args.rounds = 2
+        catalog = load_catalog()
+        profiles = [p for p in args.profiles.split(",") if p]
+        for p in profiles:
+            catalog.profile(p)  # unknown names fail before any run
+        rows = []
+        for profile in profiles:
+            lossy = catalog.profile(profile).loss_pct > 0
+            for codec in args.codecs.split(","):
+                for cc in args.cc.split(","):
+                    if args.quick and lossy and cc == "cubic" and codec == "fp16":
+                        continue
+                    for streams in args.streams.split(","):
+                        for overlap in args.overlap.split(","):
+                            started = time.monotonic()
+                            rows.append(run_one(profile, codec, cc, streams, overlap, args))
+                            print(
+                                f"{profile} {rows[-1].settings}: {rows[-1].ratio:.2f}x "
+                                f"in {time.monotonic() - started:.0f} s",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+        notes = sorted({r.note for r in rows if r.note})
+        lines = [
+            f"{len(AGENTS)} agents, {args.params} params, {args.rounds} rounds, "
+            f"--local-steps {args.local_steps}; medians over rounds 1..",
+            "",
+            *table(rows),
+            "",
+            *notes,
+            worst_line(rows),
+        ]
+    print("\n".join(lines))
+    if args.record:
+        print(f"recorded in {record(args.record, raw, lines)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
