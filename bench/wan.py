@@ -56,6 +56,7 @@ from skyfed.lab.selfcheck import PROBE_PORT, CheckSettings, measure_ceiling, mea
 from skyfed.lab.topology import COORDINATOR, AgentSpec, Lab, LabSpec, tear_down_on_signals
 
 AGENTS = ("aws-1", "gcp-1", "azure-1")
+PROFILES = ("lan", "far-clean", "cross-region", "transpacific")
 TASK = "skyfed.tasks.examples:wide?params={params}"
 BARE_PORT = 47100
 DEFAULTS = {"streams": "1", "overlap": "off", "cc": "bbr"}
@@ -232,6 +233,100 @@ def check_under_load(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+WINDOW_OPTIONS: dict[str, list[tuple[str, int]]] = {
+    "grpc defaults (BDP probe on)": [],
+    "BDP probe off": [("grpc.http2.bdp_probe", 0)],
+    "max frame 1 MiB": [("grpc.http2.max_frame_size", 1 << 20)],
+}
+"""Channel and server options tried by --windows (both ends get the same)."""
+GRPC_PORT = 47200
+MESSAGE = 1 << 20
+
+
+def grpc_role(role: str, addr: str, options: list[tuple[str, int]], nbytes: int) -> None:
+    """Inside a lab host: serve one stream-unary method, or time sending ``nbytes`` to it."""
+    from concurrent import futures
+
+    import grpc
+
+    limits = [("grpc.max_receive_message_length", 2 * MESSAGE)]
+    if role == "serve":
+
+        def sink(it, _ctx):  # noqa: ANN001, ANN202
+            return str(sum(len(m) for m in it)).encode()
+
+        handler = grpc.method_handlers_generic_handler(
+            "bench.Wan", {"Sink": grpc.stream_unary_rpc_method_handler(sink)}
+        )
+        server = grpc.server(futures.ThreadPoolExecutor(4), options=[*limits, *options])
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"{addr}:{GRPC_PORT}")
+        server.start()
+        print("ready", flush=True)
+        server.wait_for_termination(600)
+        return
+    channel = grpc.insecure_channel(f"{addr}:{GRPC_PORT}", options=[*limits, *options])
+    call = channel.stream_unary("/bench.Wan/Sink")
+    call(iter([b"w"]))  # connect and warm the channel, as a federation's session is
+    block = b"\0" * MESSAGE
+    times = []
+    for _ in range(2):  # the second transfer starts with the windows the first grew
+        start = time.monotonic()
+        got = int(call(iter([block] * (nbytes // MESSAGE))))
+        times.append(time.monotonic() - start)
+        assert got == nbytes // MESSAGE * MESSAGE
+    print(json.dumps({"seconds": times}), flush=True)
+
+
+def windows(args: argparse.Namespace) -> list[str]:
+    """One gRPC stream against one bare TCP connection on a high-BDP link, per option set."""
+    profile = args.profiles.split(",")[0] if args.profiles else "gigabit-50ms+bbr"
+    nbytes = int(args.window_mb * 1e6) // MESSAGE * MESSAGE
+    lines = [f"one stream-unary gRPC call of {nbytes / 1e6:.0f} MB over {profile} (insecure):", ""]
+    lines += [
+        "| options | 1st call s | 2nd call s | Mbit/s (2nd) | bare TCP s |",
+        "|---|---|---|---|---|",
+    ]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    with Lab(spec=LabSpec(agents=(AgentSpec(name="aws-1", profile=profile),))) as lab:
+        link = lab.link("aws-1").profile
+        ceiling = measure_ceiling(lab, "aws-1")
+        bare = bare_tcp_s(lab, "aws-1", nbytes, True)
+        addr = str(lab.address(COORDINATOR))
+        for name, options in WINDOW_OPTIONS.items():
+            opt = json.dumps(options)
+            role = ["--grpc-role", "serve", "--grpc-addr", addr, "--grpc-options", opt]
+            server = subprocess.Popen(
+                lab.hosts[COORDINATOR].exec_argv([*me, *role]), stdout=subprocess.PIPE, text=True
+            )
+            try:
+                assert server.stdout is not None
+                server.stdout.readline()
+                send = ["--grpc-role", "send", "--grpc-addr", addr, "--grpc-options", opt]
+                out = subprocess.run(
+                    lab.hosts["aws-1"].exec_argv([*me, *send, "--window-mb", str(args.window_mb)]),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=600,
+                ).stdout
+            finally:
+                server.kill()
+                server.wait()
+            first, second = json.loads(out.splitlines()[-1])["seconds"]
+            lines.append(
+                f"| {name} | {first:.2f} | {second:.2f} | {nbytes * 8 / second / 1e6:.0f} "
+                f"| {bare:.2f} |"
+            )
+        bdp_mb = (link.rate_mbit or ceiling) * 1e6 / 8 * link.rtt_ms / 1000 / 1e6
+        lines += [
+            "",
+            f"link {link.rtt_ms:g} ms x {link.rate_mbit:g} Mbit/s ({link.congestion}); lab TCP "
+            f"ceiling {ceiling:.0f} Mbit/s; BDP at the lesser {bdp_mb:.2f} MB",
+        ]
+    return lines
+
+
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| profile | settings | MB up/down per link | training s | exchange s | floor s "
@@ -282,7 +377,7 @@ def record(what: str, argv: list[str], lines: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--profiles", default="lan,far-clean,cross-region,transpacific")
+    parser.add_argument("--profiles", help="Default: lan,far-clean,cross-region,transpacific.")
     parser.add_argument("--codecs", default="fp16,topk")
     parser.add_argument("--cc", default="cubic,bbr", help="Congestion controls, one run each.")
     parser.add_argument("--streams", default="1", help="N per run: 1, a number, or auto.")
@@ -297,23 +392,36 @@ def main(argv: list[str] | None = None) -> int:
         help="2 rounds; fp16 with CUBIC only on clean profiles (it crawls on lossy ones).",
     )
     parser.add_argument("--check-under-load", action="store_true")
+    parser.add_argument("--windows", action="store_true", help="HTTP/2 windows on a high BDP.")
+    parser.add_argument("--window-mb", type=float, default=64.0)
+    parser.add_argument("--grpc-role", choices=["serve", "send"], help=argparse.SUPPRESS)
+    parser.add_argument("--grpc-addr", help=argparse.SUPPRESS)
+    parser.add_argument("--grpc-options", default="[]", help=argparse.SUPPRESS)
     parser.add_argument("--load-warmup-s", type=float, default=20.0)
     parser.add_argument("--load-steps", type=int, default=600, help="Local steps while checking.")
     parser.add_argument("--record", metavar="WHAT")
     parser.add_argument("--keep", type=Path, help="Keep each run's directory (logs) here.")
     args = parser.parse_args(argv)
     raw = sys.argv[1:] if argv is None else argv
+    if args.grpc_role:
+        options = [tuple(o) for o in json.loads(args.grpc_options)]
+        grpc_role(
+            args.grpc_role, args.grpc_addr, options, int(args.window_mb * 1e6) // MESSAGE * MESSAGE
+        )
+        return 0
     reason = why_unavailable()
     if reason:
         parser.exit(2, f"bench/wan.py: {reason}\n")
     tear_down_on_signals()
     if args.check_under_load:
         lines = check_under_load(args)
+    elif args.windows:
+        lines = windows(args)
     else:
         if args.quick:
             args.rounds = 2
         catalog = load_catalog()
-        profiles = [p for p in args.profiles.split(",") if p]
+        profiles = [p for p in (args.profiles or ",".join(PROFILES)).split(",") if p]
         for p in profiles:
             catalog.profile(p)  # unknown names fail before any run
         rows = []
