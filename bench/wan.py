@@ -80,10 +80,15 @@ class Row:
     mb_down: float = float("nan")
     rounds: int = 0
     note: str = ""
+    late: str = ""
+    """Agents cut off by the coordinator's exit (see ``finish``)."""
+    sysctls: str = ""
+    """Host settings the run changed from the lab's (``--sysctl``), as ``k=v`` words."""
 
     @property
     def settings(self) -> str:
-        return f"{self.codec}, {self.cc}, N={self.streams}, overlap {self.overlap}"
+        extra = f", {self.sysctls}" if self.sysctls else ""
+        return f"{self.codec}, {self.cc}, N={self.streams}, overlap {self.overlap}{extra}"
 
     @property
     def ratio(self) -> float:
@@ -91,7 +96,7 @@ class Row:
 
     @property
     def default(self) -> bool:
-        return (self.cc, self.streams, self.overlap) == tuple(
+        return not self.sysctls and (self.cc, self.streams, self.overlap) == tuple(
             DEFAULTS[k] for k in ("cc", "streams", "overlap")
         )
 
@@ -108,6 +113,8 @@ def run_one(
     profile: str, codec: str, cc: str, streams: str, overlap: str, args: argparse.Namespace
 ) -> Row:
     row = Row(profile, codec, cc, streams, overlap)
+    sysctls = dict(kv.split("=", 1) for kv in args.sysctl)
+    row.sysctls = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sysctls.items())
     task = TASK.format(params=args.params)
     coord_args = ["--task", task, "--codec", codec]
     if streams != "1":
@@ -133,6 +140,8 @@ def run_one(
         link_profile = f"{profile}+{cc}"
         agents = tuple(AgentSpec(name=a, profile=link_profile) for a in AGENTS)
         with Lab(spec=LabSpec(agents=agents)) as lab:
+            for ns in lab.hosts.values():
+                ns.set_sysctls(sysctls)
             rate = lab.link(AGENTS[0]).profile.rate_mbit
             rtt = lab.link(AGENTS[0]).profile.rtt_ms
             if not rate:
@@ -140,8 +149,12 @@ def run_one(
                 row.note = f"lan rate: lab ceiling {rate:.0f} Mbit/s"
             fed = Federation(lab, spec, work)
             fed.start()
-            codes = fed.wait(args.timeout_s * args.rounds + 120)
-            if any(c != 0 for c in codes.values()):
+            codes = finish(fed, args.timeout_s * args.rounds + 120)
+            late = [h for h, c in codes.items() if c is None]
+            if late:  # see finish(): the rounds were measured, the agent was cut off
+                row.late = f"{profile} {row.settings}: {', '.join(late)} still receiving the "
+                row.late += f"last aggregate {30:g} s after the coordinator exited; stopped"
+            if any(c not in (0, None) for c in codes.values()) or codes[COORDINATOR] is None:
                 tails = "\n".join(f"--- {h}\n{fed.tail(h, 15)}" for h in codes)
                 raise RuntimeError(f"{profile} {row.settings}: exit codes {codes}\n{tails}")
             status = json.loads(status_file.read_text())
@@ -161,6 +174,22 @@ def run_one(
                 lab, AGENTS[0], int(down), False
             )
     return row
+
+
+def finish(fed: Federation, timeout_s: float, grace_s: float = 30.0) -> dict[str, int | None]:
+    """Wait for the coordinator, then up to ``grace_s`` for the agents; exit codes, None for
+    an agent stopped after the grace. A coordinator that has run its rounds exits, and a
+    far agent may still be receiving the last aggregate then: without the coordinator it
+    would retry its connection forever (reported to the lead: issue #20)."""
+    assert fed.coordinator is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and fed.coordinator.popen.poll() is None:
+        time.sleep(0.2)
+    codes = fed.wait(grace_s)
+    for host, proc in fed.agent_procs.items():
+        if codes[host] is None:
+            proc.stop()
+    return codes
 
 
 def bare_tcp_s(lab: Lab, agent: str, nbytes: int, upward: bool) -> float:
@@ -318,13 +347,48 @@ def windows(args: argparse.Namespace) -> list[str]:
                 f"| {name} | {first:.2f} | {second:.2f} | {nbytes * 8 / second / 1e6:.0f} "
                 f"| {bare:.2f} |"
             )
-        bdp_mb = (link.rate_mbit or ceiling) * 1e6 / 8 * link.rtt_ms / 1000 / 1e6
+        rate = min(link.rate_mbit or ceiling, ceiling)
+        bdp_mb = rate * 1e6 / 8 * link.rtt_ms / 1000 / 1e6
         lines += [
             "",
             f"link {link.rtt_ms:g} ms x {link.rate_mbit:g} Mbit/s ({link.congestion}); lab TCP "
-            f"ceiling {ceiling:.0f} Mbit/s; BDP at the lesser {bdp_mb:.2f} MB",
+            f"ceiling {ceiling:.0f} Mbit/s; BDP at the lesser of the two {bdp_mb:.2f} MB",
         ]
     return lines
+
+
+def single_stream(args: argparse.Namespace) -> list[str]:
+    """Goodput of one TCP stream per profile and congestion control, with the sender's view."""
+    profiles = (args.profiles or "cross-region,transpacific").split(",")
+    lines = ["| profile | congestion control | goodput Mbit/s | sender's `ss -ti` mid-run |"]
+    lines.append("|---|---|---|---|")
+    for profile in profiles:
+        for cc in args.cc.split(","):
+            with Lab(
+                spec=LabSpec(agents=(AgentSpec(name="aws-1", profile=f"{profile}+{cc}"),))
+            ) as lab:
+                seen: list[str] = []
+
+                def look(lab: Lab = lab, seen: list[str] = seen) -> None:
+                    time.sleep(args.stream_s * 0.6)
+                    ss = lab.hosts["aws-1"].exec_argv(
+                        ["ss", "-tin", "dst", str(lab.address(COORDINATOR))]
+                    )
+                    out = subprocess.run(ss, capture_output=True, text=True, check=False).stdout
+                    info = out.splitlines()[-1].split() if out.strip() else []
+                    keep = ("cubic", "bbr", "cwnd:", "delivery_rate", "retrans:", "bbr:(")
+                    seen.append(" ".join(w for w in info if w.startswith(keep)))
+
+                watcher = threading.Thread(target=look)
+                watcher.start()
+                mbit = measure_ceiling(lab, "aws-1", duration_s=args.stream_s)
+                watcher.join()
+                lines.append(f"| {profile} | {cc} | {mbit:.1f} | `{seen[0] if seen else ''}` |")
+    return [
+        f"one TCP stream, agent to coordinator, {args.stream_s:g} s (slow start included):",
+        "",
+        *lines,
+    ]
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -391,8 +455,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="2 rounds; fp16 with CUBIC only on clean profiles (it crawls on lossy ones).",
     )
+    parser.add_argument(
+        "--sysctl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Set this in every lab namespace (net.ipv4.tcp_slow_start_after_idle=0).",
+    )
     parser.add_argument("--check-under-load", action="store_true")
     parser.add_argument("--windows", action="store_true", help="HTTP/2 windows on a high BDP.")
+    parser.add_argument("--single-stream", action="store_true", help="One TCP stream per CC.")
+    parser.add_argument("--stream-s", type=float, default=8.0)
     parser.add_argument("--window-mb", type=float, default=64.0)
     parser.add_argument("--grpc-role", choices=["serve", "send"], help=argparse.SUPPRESS)
     parser.add_argument("--grpc-addr", help=argparse.SUPPRESS)
@@ -417,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = check_under_load(args)
     elif args.windows:
         lines = windows(args)
+    elif args.single_stream:
+        lines = single_stream(args)
     else:
         if args.quick:
             args.rounds = 2
@@ -441,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                                 file=sys.stderr,
                                 flush=True,
                             )
-        notes = sorted({r.note for r in rows if r.note})
+        notes = sorted({r.note for r in rows if r.note}) + [r.late for r in rows if r.late]
         lines = [
             f"{len(AGENTS)} agents, {args.params} params, {args.rounds} rounds, "
             f"--local-steps {args.local_steps}; medians over rounds 1..",

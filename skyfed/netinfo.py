@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_CC = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+MSS_BYTES = 1448
+"""A TCP segment's payload at MTU 1500 with timestamps, for Mathis's formula."""
+CAPPED_BELOW = 0.25
+"""Warn when one loss-based stream's Mathis rate is below this share of the link's rate."""
 LOSS_BASED = frozenset({"reno", "cubic", "htcp", "bic", "highspeed", "scalable", "westwood"})
 """Congestion controls that halve their window on a random loss (Mathis: rate ~ 1/sqrt(p))."""
 
@@ -53,6 +58,30 @@ def congestion_control(peer: str) -> CongestionControl:
         return CongestionControl(name=DEFAULT_CC.read_text().strip(), source="host")
     except OSError:
         return CongestionControl(name="unknown", source="unknown")
+
+
+def mathis_mbit(rtt_ms: float, loss_pct: float, mss_bytes: int = MSS_BYTES) -> float:
+    """Mathis et al.'s ceiling of one loss-based TCP stream: MSS / RTT x 1.22 / sqrt(p), Mbit/s
+    (infinite without loss or without a round trip)."""
+    if loss_pct <= 0 or rtt_ms <= 0:
+        return float("inf")
+    return mss_bytes * 8 / (rtt_ms / 1000) * 1.22 / math.sqrt(loss_pct / 100) / 1e6
+
+
+def loss_cap_warning(
+    cc: CongestionControl, *, rtt_ms: float, loss_pct: float, rate_mbit: float
+) -> str | None:
+    """The warning for a loss-based congestion control on a link whose measured loss caps one
+    stream far below the link's measured rate, or None. The link monitor calls it with its
+    figures (``rate_mbit``: measured goodput or capacity; docs/wan.md)."""
+    cap = mathis_mbit(rtt_ms, loss_pct)
+    if not cc.loss_based or rate_mbit <= 0 or cap >= CAPPED_BELOW * rate_mbit:
+        return None
+    return (
+        f"{cc.name} (from the {cc.source}) on a link with {loss_pct:.2g} % loss at {rtt_ms:.0f} ms "
+        f"holds one stream to about {cap:.1f} Mbit/s of {rate_mbit:.0f}: give the hosts BBR "
+        "(net.ipv4.tcp_congestion_control=bbr, docs/wan.md) or stripe the session"
+    )
 
 
 def log_congestion_control(peer: str, role: str) -> CongestionControl:
