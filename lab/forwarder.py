@@ -5,9 +5,9 @@ It creates TUN device X inside network namespace A and Y inside B, prints ``read
 moves every packet read from one device to the other after the link profile's delay and
 jitter. Rate and loss are the kernel's (``tbf`` and an eBPF drop, lab/shapers.py), so this
 loop does the least per packet that userspace must, and it runs at real-time priority so a
-busy host's training processes cannot starve it (docs/wan.md). Control lines on stdin (JSON): ``{"profile": {...}}`` replaces the
-profile, ``{"stats": true}`` answers one JSON line of counters on stdout. It exits on
-end of stdin (its parent is gone) or SIGTERM.
+busy host's training processes cannot starve it (docs/wan.md). Control lines on stdin
+(JSON): ``{"profile": {...}}`` replaces the profile. It exits on end of stdin (its parent
+is gone) or SIGTERM.
 
 Jitter shifts the one-way delay by a normal deviate redrawn every 5 ms. Each direction is
 a FIFO whose release times never decrease (no reordering), so the queue is a deque and its
@@ -106,15 +106,6 @@ class Direction:
             except OSError:
                 self.write_errors += 1
 
-    def stats(self) -> dict[str, int]:
-        """Counters for the control channel."""
-        return {
-            "received": self.received,
-            "forwarded": self.forwarded,
-            "write_errors": self.write_errors,
-            "queued": len(self.queue),
-        }
-
 
 def open_tun_in_netns(netns_path: str, name: str) -> int:
     """Create TUN device ``name`` inside the namespace at ``netns_path``; return its fd."""
@@ -178,10 +169,6 @@ class Forwarder:
         if "profile" in cmd:
             self.imp = Impairment.from_profile(cmd["profile"])
             logger.info("[Forwarder.Profile] %s", self.imp)
-        if cmd.get("stats"):
-            reply = {"ab": self.ab.stats(), "ba": self.ba.stats()}
-            sys.stdout.write(json.dumps(reply) + "\n")
-            sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -139,13 +139,6 @@ class TunLink(Link):
             for end in (self.a, self.b):
                 run(["tc", "-n", end.ns.name, *tbf_command(end.dev, profile, "root")[1:]])
 
-    def forwarder_stats(self) -> dict[str, dict[str, int]]:
-        """The forwarder's counters per direction (``ab`` is agent to coordinator)."""
-        with self._lock:
-            self._send({"stats": True})
-            assert self._proc is not None and self._proc.stdout is not None
-            return json.loads(self._proc.stdout.readline())
-
     def _send(self, cmd: dict[str, object]) -> None:
         if self._proc is None or self._proc.poll() is not None:
             raise LabError(f"forwarder for {self.a.dev} is not running")
