@@ -17,6 +17,7 @@ from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
+from skyfed.netinfo import log_congestion_control
 from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
     driver.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
+    log_congestion_control(None, "coordinator")  # each session logs its route's (docs/wan.md)
     if config.port_file is not None:
         config.port_file.write_text(f"{port}\n")
     try:

@@ -45,8 +45,19 @@ class CongestionControl:
         return self.name in LOSS_BASED
 
 
-def congestion_control(peer: str) -> CongestionControl:
-    """The congestion control of this host's TCP connections to ``peer`` (a host or address)."""
+def peer_host(grpc_peer: str) -> str:
+    """The address in a gRPC peer string (``ipv4:10.0.0.2:5000``, ``ipv6:[::1]:5000``)."""
+    kind, _, rest = grpc_peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return grpc_peer
+    return rest.rpartition(":")[0].strip("[]")
+
+
+def congestion_control(peer: str | None) -> CongestionControl:
+    """The congestion control of this host's TCP connections to ``peer`` (a host or
+    address; None: the host's default, which a route to a peer may override)."""
+    if peer is None:
+        return _host_default()
     try:
         addr = socket.getaddrinfo(peer, None, socket.AF_INET)[0][4][0]
     except (OSError, IndexError):
@@ -54,6 +65,10 @@ def congestion_control(peer: str) -> CongestionControl:
     name = _route_congctl(str(addr))
     if name:
         return CongestionControl(name=name, source="route")
+    return _host_default()
+
+
+def _host_default() -> CongestionControl:
     try:
         return CongestionControl(name=DEFAULT_CC.read_text().strip(), source="host")
     except OSError:
@@ -84,10 +99,11 @@ def loss_cap_warning(
     )
 
 
-def log_congestion_control(peer: str, role: str) -> CongestionControl:
+def log_congestion_control(peer: str | None, role: str) -> CongestionControl:
     """Log (and return) what :func:`congestion_control` finds for ``peer``."""
     cc = congestion_control(peer)
-    logger.info("[NetInfo.CC] role=%s peer=%s cc=%s source=%s", role, peer, cc.name, cc.source)
+    shown = peer or "(host default)"
+    logger.info("[NetInfo.CC] role=%s peer=%s cc=%s source=%s", role, shown, cc.name, cc.source)
     return cc
 
 

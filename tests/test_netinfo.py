@@ -11,6 +11,7 @@ from skyfed.netinfo import (
     congestion_control,
     loss_cap_warning,
     mathis_mbit,
+    peer_host,
 )
 
 
@@ -33,3 +34,10 @@ def test_cubic_on_a_lossy_link_warns_and_bbr_or_a_clean_link_does_not() -> None:
     assert loss_cap_warning(bbr, rtt_ms=120.0, loss_pct=0.5, rate_mbit=100.0) is None
     assert loss_cap_warning(cubic, rtt_ms=120.0, loss_pct=0.0, rate_mbit=100.0) is None
     assert loss_cap_warning(cubic, rtt_ms=1.0, loss_pct=0.01, rate_mbit=100.0) is None
+
+
+def test_a_grpc_peer_string_names_its_address() -> None:
+    assert peer_host("ipv4:10.77.1.2:54321") == "10.77.1.2"
+    assert peer_host("ipv6:[::1]:7443") == "::1"
+    assert peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
+    assert congestion_control(None).source == "host"
