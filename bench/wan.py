@@ -19,12 +19,13 @@ Per run it prints medians over the rounds after the first:
 - bare TCP s: one fresh plain TCP connection moving the same bytes up, then another down,
   on aws-1's link in the same lab after the federation finished (same congestion control).
 
-``--streams`` (N = 1, or ``auto`` for the monitor's N) and ``--overlap`` need the
-coordinator options of striped sessions and overlap (issue #20 items 1, 2 and 5); a run
-asking for them on a coordinator without those options fails with that reason.
-The last line is ``worst exchange/floor: X.XXx (<profile>, <settings>)`` over the runs at
-default settings (N and overlap at their defaults, BBR: the congestion control
-docs/wan.md tells hosts to set). ``--record WHAT`` writes the run to
+``--streams auto`` (the default) runs at the coordinator's default N (the monitor's
+choice once striped sessions are there, else one stream; the settings say which); a
+number bounds N (``--max-streams``; 1 is one plain stream) and needs striped sessions.
+``--overlap on`` runs the coordinator's ``--overlap``. The last line is
+``worst exchange/floor: X.XXx (<profile>, <settings>)`` over the runs at default settings
+(N and overlap at their defaults, BBR: the congestion control docs/wan.md tells hosts to
+set). ``--record WHAT`` writes the run to
 ``bench/results/<date>-wan-<WHAT>.md`` with the command, commit and host.
 
 ``--check-under-load`` instead measures every link of a 3-agent lab *at once* with the
@@ -59,7 +60,7 @@ AGENTS = ("aws-1", "gcp-1", "azure-1")
 PROFILES = ("lan", "far-clean", "cross-region", "transpacific")
 TASK = "skyfed.tasks.examples:wide?params={params}"
 BARE_PORT = 47100
-DEFAULTS = {"streams": "1", "overlap": "off", "cc": "bbr"}
+DEFAULTS = {"overlap": "off", "cc": "bbr"}
 """The settings the last line's worst case is taken over (see the module docstring)."""
 
 
@@ -80,6 +81,8 @@ class Row:
     mb_down: float = float("nan")
     rounds: int = 0
     note: str = ""
+    default_n: bool = False
+    """Ran at the coordinator's default N (``--streams auto``)."""
     late: str = ""
     """Agents cut off by the coordinator's exit (see ``finish``)."""
     sysctls: str = ""
@@ -96,9 +99,9 @@ class Row:
 
     @property
     def default(self) -> bool:
-        return not self.sysctls and (self.cc, self.streams, self.overlap) == tuple(
-            DEFAULTS[k] for k in ("cc", "streams", "overlap")
-        )
+        """At the coordinator's default N (the monitor's, or 1 before striping)."""
+        defaults = (DEFAULTS["cc"], DEFAULTS["overlap"])
+        return not self.sysctls and self.default_n and (self.cc, self.overlap) == defaults
 
 
 def coordinator_has(option: str) -> bool:
@@ -112,15 +115,18 @@ def coordinator_has(option: str) -> bool:
 def run_one(
     profile: str, codec: str, cc: str, streams: str, overlap: str, args: argparse.Namespace
 ) -> Row:
-    row = Row(profile, codec, cc, streams, overlap)
+    row = Row(profile, codec, cc, streams, overlap, default_n=streams == "auto")
     sysctls = dict(kv.split("=", 1) for kv in args.sysctl)
     row.sysctls = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in sysctls.items())
     task = TASK.format(params=args.params)
     coord_args = ["--task", task, "--codec", codec]
-    if streams != "1":
-        if not coordinator_has("--max-streams"):
-            raise SystemExit("--streams other than 1 needs striped sessions (issue #20 item 1)")
-        coord_args += ["--max-streams", "8" if streams == "auto" else streams]
+    striping = coordinator_has("--max-streams")
+    if streams == "auto":  # the coordinator's default: the monitor chooses N
+        row.streams = "monitor" if striping else "1"
+    elif striping:
+        coord_args += ["--max-streams", streams]  # N = 1 is the plain path
+    elif streams != "1":
+        raise SystemExit("--streams other than 1 needs striped sessions (issue #20 item 1)")
     if overlap == "on":
         if not coordinator_has("--overlap"):
             raise SystemExit("--overlap on needs the coordinator's overlap (issue #20 item 5)")
@@ -466,7 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", help="Default: lan,far-clean,cross-region,transpacific.")
     parser.add_argument("--codecs", default="fp16,topk")
     parser.add_argument("--cc", default="cubic,bbr", help="Congestion controls, one run each.")
-    parser.add_argument("--streams", default="1", help="N per run: 1, a number, or auto.")
+    parser.add_argument(
+        "--streams",
+        default="auto",
+        help="N per run, comma-separated: auto (the coordinator's default: the monitor's N), "
+        "or a bound on N (1: one plain stream).",
+    )
     parser.add_argument("--overlap", default="off", help="off, on, or off,on.")
     parser.add_argument("--params", default="10M", help="Model size of the wide task.")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds per run (medians skip 0).")
