@@ -400,38 +400,43 @@ def single_stream(args: argparse.Namespace) -> list[str]:
 def table(rows: list[Row]) -> list[str]:
     """With overlap a round's training and exchange run at once, so its exchange s (round
     minus training) is not the exchange's time: those rows show ``round / max(training,
-    exchange)`` instead, the exchange taken from the same run without overlap."""
+    exchange)`` instead, the exchange taken from the same run without overlap. ``lan
+    exchange`` (same codec and congestion control) is what the exchange costs where the
+    network costs next to nothing: the CPU's floor on this host (codec, TLS, aggregation,
+    every process on the same cores)."""
     lines = [
         "| profile | settings | MB up/down per link | training s | exchange s | floor s "
-        "| exchange/floor | round s | bare TCP s | round / max(training, exchange) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| exchange/floor | round s | bare TCP s | exchange / max(floor, lan exchange) "
+        "| round / max(training, exchange) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        lan = next(
+            (o for o in rows if o.profile == "lan" and o.overlap == "off" and _same(o, r, True)),
+            None,
+        )
+        cpu = f"{r.exchange_s / max(r.floor_s, lan.exchange_s):.2f}x" if lan else ""
         if r.overlap == "on":
             sibling = next((o for o in rows if o.overlap == "off" and _same(o, r)), None)
             bound = max(r.train_s, sibling.exchange_s) if sibling else float("nan")
             lines.append(
                 f"| {r.profile} | {r.settings} | {r.mb_up:.2f}/{r.mb_down:.2f} | {r.train_s:.2f} "
-                f"| (overlapped) | {r.floor_s:.2f} | | {r.round_s:.2f} | {r.bare_s:.2f} "
+                f"| (overlapped) | {r.floor_s:.2f} | | {r.round_s:.2f} | {r.bare_s:.2f} | "
                 f"| {r.round_s / bound:.2f}x |"
             )
             continue
         lines.append(
             f"| {r.profile} | {r.settings} | {r.mb_up:.2f}/{r.mb_down:.2f} | {r.train_s:.2f} "
             f"| {r.exchange_s:.2f} | {r.floor_s:.2f} | {r.ratio:.2f}x | {r.round_s:.2f} "
-            f"| {r.bare_s:.2f} | |"
+            f"| {r.bare_s:.2f} | {cpu} | |"
         )
     return lines
 
 
-def _same(a: Row, b: Row) -> bool:
-    return (a.profile, a.codec, a.cc, a.streams, a.sysctls) == (
-        b.profile,
-        b.codec,
-        b.cc,
-        b.streams,
-        b.sysctls,
-    )
+def _same(a: Row, b: Row, any_profile: bool = False) -> bool:
+    """Same settings (and profile, unless ``any_profile``)."""
+    same = (a.codec, a.cc, a.streams, a.sysctls) == (b.codec, b.cc, b.streams, b.sysctls)
+    return same and (any_profile or a.profile == b.profile)
 
 
 def worst_line(rows: list[Row]) -> str:
