@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 
 import grpc
@@ -78,6 +79,10 @@ class Agent:
         self._agg_datas: dict[int, bytes] = {}
         self._stopping = False
         self._connected = False
+        # Overlap (the welcome says): the round whose contribution is in flight while the
+        # next round's local steps run, or None.
+        self.overlap = False
+        self._pending: int | None = None
 
     @property
     def connected(self) -> bool:
@@ -158,15 +163,17 @@ class Agent:
             raise LinkClosed(grpc.StatusCode.FAILED_PRECONDITION, f"unknown exchange {exchange!r}")
         self.site.set_exchange(exchange, welcome.sgd_lr, welcome.sgd_momentum)
         self.max_chunk_bytes = welcome.max_chunk_bytes
+        self.overlap, self._pending = welcome.overlap, None
         link.start_heartbeats(welcome.heartbeat_ms / 1000)
         final = self._receive_weights(link) if welcome.weights_follow else False
         self.last_round = welcome.round - 1
         log.info(
-            "[Agent.Join] identity=%s round=%d codec=%s exchange=%s",
+            "[Agent.Join] identity=%s round=%d codec=%s exchange=%s overlap=%s",
             welcome.identity,
             welcome.round,
             self.codec,
             exchange,
+            self.overlap,
         )
         if final:  # we missed the last round (a cut link): these weights are the result
             self._write_report(self.site.digest())
@@ -199,6 +206,9 @@ class Agent:
         return end.final
 
     def _round(self, link: Link) -> None:
+        if self.overlap:
+            self._overlapped_round(link)
+            return
         target = self.last_round + 1
         result = self.site.train()
         self.last_loss = result.loss
@@ -209,6 +219,64 @@ class Agent:
             self._contribute(link, target, result)
         while self.last_round < target:
             self._pump(link, timeout=1.0)
+
+    def _overlapped_round(self, link: Link) -> None:
+        """Local steps of the next round while the previous round's exchange is in flight
+        (docs/wan.md#overlap). The weights are the federation's after ``last_round``; the
+        contribution to ``last_round + 1`` may still be in flight (``_pending``). Its
+        aggregate is applied once these steps end and before they are contributed, so the
+        round after trains one round stale, and every agent applies the same aggregate
+        after the same steps: all stay bit-identical with the coordinator."""
+        in_flight = self._pending is not None and self._pending > self.last_round
+        target = self.last_round + 1 + int(in_flight)
+        budget = self.config.rounds
+        if budget and self.applied + in_flight >= budget:
+            while True:  # every round of our budget is contributed: the last aggregate ends it
+                self._pump(link, timeout=1.0)
+        result = self._train_while_pumping(link)
+        self.last_loss = result.loss
+        while self.last_round < target - 1:  # the previous round's aggregate, applied
+            self._pump(link, timeout=1.0)
+        self._pump(link, timeout=0)
+        if self.last_round >= target:  # the round closed without us: keep the work
+            self.site.keep()
+        else:
+            self._contribute(link, target, result)
+            self._pending = target
+
+    def _train_while_pumping(self, link: Link) -> LocalResult:
+        """``site.train()`` on a thread while this one receives and decodes the aggregate.
+        What changes the model (a round's end, a receipt) waits for the steps to end, and so
+        does every message after it, in order."""
+        box: dict[str, object] = {}
+
+        def steps() -> None:
+            try:
+                box["result"] = self.site.train()
+            except BaseException as exc:  # re-raised on this thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=steps, name="local-steps", daemon=True)
+        worker.start()
+        deferred: list[CoordinatorMessage] = []
+        try:
+            while worker.is_alive():
+                message = link.recv(0.05)
+                while message is not None:
+                    if deferred or isinstance(message, RoundEnd | Receipt):
+                        deferred.append(message)
+                    else:
+                        self._handle(message)  # an aggregate chunk: decoded now
+                    message = link.recv(0)
+        finally:
+            worker.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        for message in deferred:
+            self._handle(message)
+        result = box["result"]
+        assert isinstance(result, LocalResult)
+        return result
 
     def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
         payloads = self.site.contribution(round, self.codec)  # every rank's own shards

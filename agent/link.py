@@ -57,6 +57,9 @@ def open_channel(config: AgentConfig) -> grpc.Channel:
         ("grpc.max_send_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        # BDP probing grows HTTP/2 windows past a far link's bandwidth-delay product;
+        # without it one stream is held to 64 KiB-ish windows (docs/wan.md#http2-windows).
+        ("grpc.http2.bdp_probe", 1),
     ]
     if config.server_name:
         options.append(("grpc.ssl_target_name_override", config.server_name))

@@ -29,6 +29,12 @@ the exchange (Top-k: 5 % under ``delta``, 1 % under ``gradient``): what a link p
 switches cost in convergence, without the lab's clock. ``topk~10`` warms Top-k's density
 up over the step's first 10 rounds, as ``[policy] topk_warmup_rounds = 10`` does.
 
+``--overlap`` adds, for every run, the same run with overlap of exchange and compute (the
+coordinator's ``overlap = true``, docs/wan.md#overlap): each site trains round t+1 from
+the weights before round t's aggregate, which is applied after those local steps (one
+round stale); the row ``<codec> + overlap`` is relative to FP32 without overlap, so it
+reads as the codec's cost plus overlap's.
+
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
 relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
 Top-k without error feedback shows what the residual is for.
@@ -55,6 +61,7 @@ from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
 
 CodecAt = Callable[[int], Codec]  # round -> the codec used in that round
+OVERLAP = " + overlap"  # a run label's suffix: the same run, one round stale
 MOMENTUM = 0.9  # --exchange gradient's SGD momentum, the coordinator's default
 Tensors = dict[str, torch.Tensor]
 
@@ -229,11 +236,14 @@ def _train(label: str, seed: int, cfg: Config) -> float:
     torch.manual_seed(seed)
     task = load_task("chargpt")
     model = task.build_model(seed)
+    overlap = label.endswith(OVERLAP)
+    label = label.removesuffix(OVERLAP)
     run = next((r for r in RUNS if r.label == label), Run(label))  # or a --switch run
     schedule = codec_at(label, cfg.warmup_rounds, gradient=cfg.sgd_lr > 0)
     sites = [Site(task, model, shard, cfg.sites, seed, cfg.sgd_lr) for shard in range(cfg.sites)]
     exchange = Exchange(cfg.sites, run.feedback)
     params = dict(model.named_parameters())
+    pending: Tensors | None = None  # overlap: the aggregate in flight while sites train
     for t in range(cfg.rounds):
         codec = schedule(t)
         if cfg.sgd_lr:
@@ -249,8 +259,14 @@ def _train(label: str, seed: int, cfg: Config) -> float:
             continue
         else:
             mean = exchange.average(codec, [s.delta(cfg.local_steps) for s in sites])
+        if overlap:  # these deltas were computed before the previous round's aggregate
+            mean, pending = pending, mean
         with torch.no_grad():
-            for name, u in mean.items():
+            for name, u in (mean or {}).items():
+                params[name].sub_(u)
+    if overlap and pending:  # the last round's aggregate, once its exchange is done
+        with torch.no_grad():
+            for name, u in pending.items():
                 params[name].sub_(u)
     return task.eval_loss(model)
 
@@ -295,7 +311,12 @@ def main() -> None:
         help='a run whose codec changes, e.g. "fp16:50,topk" (50 rounds fp16, then topk); '
         '"topk~10": with a 10-round density warm-up from the switch',
     )
+    parser.add_argument(
+        "--overlap", action="store_true", help="also every run one round stale (delta exchange)"
+    )
     args = parser.parse_args()
+    if args.overlap and args.exchange != "delta":
+        parser.error("--overlap needs --exchange delta (the agent overlaps local steps)")
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
     warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
     sgd_lr = args.sgd_lr if args.exchange == "gradient" else 0.0
@@ -310,6 +331,8 @@ def main() -> None:
     selected = [
         r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
     ] + [Run(schedule) for schedule in args.switch]
+    if args.overlap:
+        selected += [Run(r.label + OVERLAP, feedback=r.feedback) for r in selected]
     mode = f"{local_steps} local AdamW steps per round" if local_steps else "AdamW on gradients"
     if sgd_lr:
         mode = f"gradient exchange, momentum SGD at {sgd_lr:g} with DGC's momentum correction"

@@ -127,6 +127,7 @@ class Admission:
             sgd_lr=fed.config.sgd_lr,
             sgd_momentum=fed.config.sgd_momentum,
             probe=probe,
+            overlap=fed.config.overlap,
         )
 
     def weights_messages(self) -> list[CoordinatorMessage]:

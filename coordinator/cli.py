@@ -60,6 +60,11 @@ def main() -> None:
     type=click.Choice(EXCHANGES),
     help="What agents send: delta (local steps' pseudo-gradient) or gradient (DGC's step).",
 )
+@click.option(
+    "--overlap/--no-overlap",
+    default=None,
+    help="Agents train round r+1 while round r's exchange is in flight (default: no).",
+)
 @click.option("--sgd-lr", type=float, help="--exchange gradient: the SGD step size.")
 @click.option("--sgd-momentum", type=float, help="--exchange gradient: the SGD momentum.")
 @click.option(

@@ -24,6 +24,7 @@ from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
 from skyfed.metrics.coordinator import CoordinatorCollector
 from skyfed.metrics.http import MetricsServer
+from skyfed.netinfo import log_congestion_control
 from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.bdp_probe", 1),  # windows past the link's BDP (docs/wan.md#http2-windows)
             # gRPC sets SO_REUSEPORT by default: a second coordinator on the same port would
             # start silently and split the agents between the two. Binding must fail instead.
             ("grpc.so_reuseport", 0),
@@ -100,6 +102,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     driver.start()
     observer.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
+    log_congestion_control(None, "coordinator")  # each session logs its route's (docs/wan.md)
     if config.port_file is not None:
         config.port_file.write_text(f"{port}\n")
     try:

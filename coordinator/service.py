@@ -14,6 +14,7 @@ from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import FederationError, ProtocolError, RevokedError
+from skyfed.netinfo import log_congestion_control, peer_host
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
@@ -36,6 +37,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             context.abort(status_code(exc), str(exc))
         session = Session(identity, context.peer())
         log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
+        log_congestion_control(peer_host(context.peer()), "coordinator")
         context.add_callback(lambda: session.close(grpc.StatusCode.CANCELLED, "call ended"))
         reader = threading.Thread(
             target=self._read,

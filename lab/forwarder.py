@@ -1,10 +1,13 @@
-"""The userspace shaper: one process per link, forwarding IP packets between two TUN devices.
+"""The lab's delay line: one process per link, forwarding IP packets between two TUN devices.
 
 Run as ``python -m skyfed.lab.forwarder --ns-a A --dev-a X --ns-b B --dev-b Y --profile JSON``.
 It creates TUN device X inside network namespace A and Y inside B, prints ``ready`` and then
-moves every packet read from one device to the other after the link profile's delay,
-jitter, loss and rate. Control lines on stdin (JSON): ``{"profile": {...}}`` replaces the
-profile. It exits on end of stdin (its parent is gone) or SIGTERM.
+moves every packet read from one device to the other after the link profile's delay and
+jitter. Rate and loss are the kernel's (``tbf`` and an eBPF drop, lab/shapers.py), so this
+loop does the least per packet that userspace must, and it runs at real-time priority so a
+busy host's training processes cannot starve it (docs/wan.md). Control lines on stdin
+(JSON): ``{"profile": {...}}`` replaces the profile. It exits on end of stdin (its parent
+is gone) or SIGTERM.
 
 Jitter shifts the one-way delay by a normal deviate redrawn every 5 ms. Each direction is
 a FIFO whose release times never decrease (no reordering), so the queue is a deque and its
@@ -44,26 +47,22 @@ one-way delay stays the profile's (an independent draw per packet, kept in order
 bias it upward by the running maximum)."""
 
 
+RT_PRIORITY = 20
+"""SCHED_FIFO priority of the forwarder: above every SCHED_OTHER process (training), far
+below the kernel's own threads; the kernel's RT throttling still leaves 5 % to the rest."""
+
+
 @dataclass(slots=True)
 class Impairment:
-    """The profile as the hot loop uses it: seconds, bits per second, probabilities."""
+    """The profile as the hot loop uses it: seconds."""
 
     delay_s: float = 0.0
     jitter_s: float = 0.0
-    loss: float = 0.0
-    rate_bps: float = 0.0
-    queue_s: float = 0.05
 
     @classmethod
     def from_profile(cls, p: dict[str, Any]) -> Impairment:
-        """From a ``LinkProfile.to_dict()``."""
-        return cls(
-            delay_s=p["rtt_ms"] / 2000.0,
-            jitter_s=p["jitter_ms"] / 1000.0,
-            loss=1.0 if p.get("down") else p["loss_pct"] / 100.0,
-            rate_bps=p["rate_mbit"] * 1e6,
-            queue_s=p["queue_ms"] / 1000.0,
-        )
+        """From a ``LinkProfile.to_dict()`` (its rate and loss are the kernel's business)."""
+        return cls(delay_s=p["rtt_ms"] / 2000.0, jitter_s=p["jitter_ms"] / 1000.0)
 
 
 @dataclass(slots=True)
@@ -73,47 +72,29 @@ class Direction:
     src: int
     dst: int
     queue: deque[tuple[float, bytes]] = field(default_factory=deque)
-    tx_free_at: float = 0.0
     last_release: float = 0.0
     jitter_s: float = 0.0
     jitter_until: float = 0.0
     received: int = 0
     forwarded: int = 0
-    lost: int = 0
-    queue_drops: int = 0
     write_errors: int = 0
 
     def ingest(self, now: float, imp: Impairment, rng: random.Random) -> None:
-        """Read up to BURST packets and schedule each one's release (or drop it)."""
-        for _ in range(BURST):
-            try:
-                pkt = os.read(self.src, MAX_PACKET)
-            except BlockingIOError:
-                return
-            self.received += 1
-            if imp.loss and rng.random() < imp.loss:
-                self.lost += 1
-                continue
-            release = self._release_time(now, len(pkt), imp, rng)
-            if release < 0:
-                self.queue_drops += 1
-                continue
-            self.queue.append((release, pkt))
-
-    def _release_time(self, now: float, size: int, imp: Impairment, rng: random.Random) -> float:
-        sent_at = now
-        if imp.rate_bps:
-            start = max(now, self.tx_free_at)
-            if start - now > imp.queue_s:
-                return -1.0
-            self.tx_free_at = sent_at = start + size * 8 / imp.rate_bps
+        """Read up to BURST packets and schedule each one's release."""
         if imp.jitter_s and now >= self.jitter_until:
             self.jitter_s = rng.gauss(0.0, imp.jitter_s)
             self.jitter_until = now + JITTER_PERIOD_S
         delay = max(0.0, imp.delay_s + self.jitter_s) if imp.jitter_s else imp.delay_s
-        release = max(sent_at + delay, self.last_release)
+        release = max(now + delay, self.last_release)  # never before an earlier packet
         self.last_release = release
-        return release
+        queue, src = self.queue, self.src
+        for _ in range(BURST):
+            try:
+                pkt = os.read(src, MAX_PACKET)
+            except BlockingIOError:
+                return
+            self.received += 1
+            queue.append((release, pkt))
 
     def flush(self, now: float) -> None:
         """Write every packet that is due."""
@@ -206,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     fd_b = open_tun_in_netns(args.ns_b, args.dev_b)
     fwd = Forwarder(fd_a, fd_b, Impairment.from_profile(json.loads(args.profile)), args.seed)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except PermissionError:
+        logger.warning("[Forwarder.Priority] no real-time priority here: a busy host may starve it")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     fwd.run(sys.stdin.fileno())

@@ -1,19 +1,25 @@
 """Measurement tools run inside lab namespaces: UDP echo and ping, UDP blast and sink, TCP bulk.
 
 Run as ``python -m skyfed.lab.probe TOOL ...``; servers print ``ready`` once bound, and
-every tool that measures prints one JSON line of results.
+every tool that measures prints one JSON line of results. The tools run at real-time
+priority, like the lab's forwarder: a self-check measures the link, and on a host busy
+with training a starved blaster would offer less than the link carries (docs/wan.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import select
 import socket
 import struct
 import sys
 import time
 from collections.abc import Callable
+
+from skyfed.lab.forwarder import RT_PRIORITY
 
 PROBE = struct.Struct("!Id")
 """Probe payload head: sequence number, send time (client clock)."""
@@ -123,18 +129,24 @@ def tcp_sink(args: argparse.Namespace) -> None:
     while chunk := conn.recv(1 << 20):
         total += len(chunk)
         first = first or time.monotonic()
+    conn.close()  # the sender of --bytes waits for this: every byte is in
     _result({"bytes": total, "seconds": time.monotonic() - first})
 
 
 def tcp_send(args: argparse.Namespace) -> None:
-    """Send as fast as TCP allows for ``--duration-s``."""
-    sock = socket.create_connection((args.to, args.port), timeout=10)
-    block = b"\0" * (1 << 20)
+    """Send as fast as TCP allows for ``--duration-s``; with ``--bytes N``, send N bytes on a
+    fresh connection and time it from connect until the sink has all of them (its close)."""
     start = time.monotonic()
+    sock = socket.create_connection((args.to, args.port), timeout=max(10.0, args.duration_s))
+    block = b"\0" * (1 << 20)
     sent = 0
-    while time.monotonic() - start < args.duration_s:
-        sock.sendall(block)
-        sent += len(block)
+    while (sent < args.bytes) if args.bytes else (time.monotonic() - start < args.duration_s):
+        piece = block if not args.bytes else block[: min(len(block), args.bytes - sent)]
+        sock.sendall(piece)
+        sent += len(piece)
+    if args.bytes:
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(1)  # b"" once the sink has read everything and closed
     sock.close()
     _result({"bytes": sent, "seconds": time.monotonic() - start})
 
@@ -165,12 +177,15 @@ def _parser() -> argparse.ArgumentParser:
     tools.choices["sink"].add_argument("--idle-s", type=float, default=0.75)
     tools.choices["blast"].add_argument("--rate-mbit", type=float, required=True)
     tools.choices["blast"].add_argument("--size", type=int, default=1472)
+    tools.choices["tcp-send"].add_argument("--bytes", type=int, default=0)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     args = _parser().parse_args(argv)
+    with contextlib.suppress(PermissionError):  # unprivileged: measured at normal priority
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
     args.func(args)
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 DOWN = "down"
 """The profile name of a partitioned link: every packet is dropped."""
+CONGESTION_CONTROLS = ("cubic", "bbr")
+"""TCP congestion controls a profile may ask for; ``NAME+bbr`` is any profile with BBR."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -31,9 +33,13 @@ class LinkProfile:
     """Bottleneck queue, in milliseconds at ``rate_mbit``; packets beyond it are tail-dropped."""
     down: bool = False
     """A partitioned link drops every packet."""
+    congestion: str = "cubic"
+    """TCP congestion control of every connection over the link, both ends (the lab sets
+    it per route, ``ip route ... congctl``; docs/wan.md)."""
 
     def __post_init__(self) -> None:
         _check(self.name != "", "name", self.name)
+        _check(self.congestion in CONGESTION_CONTROLS, "congestion", self.congestion)
         for fname in ("rtt_ms", "jitter_ms", "rate_mbit"):
             value = getattr(self, fname)
             _check(math.isfinite(value) and value >= 0, fname, value)
@@ -112,12 +118,19 @@ class Catalog:
                 _check(step.profile == DOWN or step.profile in self.profiles, "steps", step)
 
     def profile(self, name: str) -> LinkProfile:
-        """The named profile; ``KeyError`` lists the known names."""
+        """The named profile; ``NAME+CC`` is profile NAME with congestion control CC
+        (``cross-region+bbr``). ``KeyError`` lists the known names."""
+        base, _, cc = name.partition("+")
         try:
+            if cc:
+                if cc not in CONGESTION_CONTROLS:
+                    raise KeyError(name)
+                return replace(self.profiles[base], name=name, congestion=cc)
             return self.profiles[name]
         except KeyError:
             raise KeyError(
-                f"unknown link profile {name!r}; known: {sorted(self.profiles)}"
+                f"unknown link profile {name!r}; known: {sorted(self.profiles)}, each also "
+                f"as NAME+CC with CC one of {', '.join(CONGESTION_CONTROLS)}"
             ) from None
 
     def resolve(self, step: ScheduleStep, base: LinkProfile) -> LinkProfile:

@@ -42,6 +42,8 @@ class CheckSettings:
     """Allowed relative rate error."""
     alpha: float = 1e-4
     """Probability that a correct link fails the (two-sided, exact binomial) loss test."""
+    port: int = PROBE_PORT
+    """Port of the probe servers (one per link when links are measured at once)."""
 
     def __post_init__(self) -> None:
         require("selfcheck", self.probes >= 100, "probes", self.probes, ">= 100")
@@ -53,6 +55,7 @@ class CheckSettings:
         for name in ("rtt_tolerance", "rate_tolerance", "alpha"):
             value = getattr(self, name)
             require("selfcheck", 0 < value < 1, name, value, "in (0, 1)")
+        require("selfcheck", 0 < self.port < 65536, "port", self.port, "in (0, 65536)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -109,17 +112,11 @@ class LinkCheckError(LabError):
 def check_lab(lab: Lab, settings: CheckSettings | None = None) -> list[LinkReport]:
     """Check every link in turn; raise ``LinkCheckError`` if any does not match.
 
-    A link that fails is measured once more before it is refused: a userspace shaper on a
-    busy 2-core host can stall for a moment, and that says nothing about the link. A link
-    that fails twice is reported with the second measurement.
+    Each link is measured once: rate and loss are the kernel's, and the delay line and the
+    probes run at real-time priority, so a busy host is no excuse for a second try (the
+    check under a training federation is in bench/wan.py --check-under-load).
     """
-    reports = []
-    for agent in lab.links:
-        report = measure_link(lab, agent, settings)
-        if not report.ok:
-            logger.warning("[Lab.Check] remeasuring after: %s", report.summary())
-            report = measure_link(lab, agent, settings)
-        reports.append(report)
+    reports = [measure_link(lab, agent, settings) for agent in lab.links]
     if not all(r.ok for r in reports):
         raise LinkCheckError(reports)
     return reports
@@ -159,11 +156,12 @@ def _measure_rtt_loss(lab: Lab, agent: str, s: CheckSettings, report: LinkReport
     addr = str(lab.address(COORDINATOR))
     wait_s = 2 * report.rtt_ms / 1000 + 0.5
     duration_s = s.probes * s.interval_ms / 1000 + wait_s + 5
-    echo = _serve(lab.hosts[COORDINATOR], ["echo", "--bind", addr, "--duration-s", f"{duration_s}"])
+    echo_args = ["echo", "--bind", addr, "--duration-s", f"{duration_s}"]
+    echo = _serve(lab.hosts[COORDINATOR], echo_args, s.port)
     try:
         args = ["ping", "--to", addr, "--count", str(s.probes)]
         args += ["--interval-ms", str(s.interval_ms), "--wait-s", str(wait_s)]
-        result = _tool(lab.hosts[agent], args, timeout_s=duration_s + 10)
+        result = _tool(lab.hosts[agent], args, timeout_s=duration_s + 10, port=s.port)
     finally:
         terminate(echo)
     rtts = result["rtts_ms"]
@@ -175,12 +173,12 @@ def _measure_rtt_loss(lab: Lab, agent: str, s: CheckSettings, report: LinkReport
 
 def _measure_rate(lab: Lab, src: str, dst: str, rate_mbit: float, s: CheckSettings) -> float:
     addr = str(lab.address(dst))
-    sink = _serve(
-        lab.hosts[dst], ["sink", "--bind", addr, "--duration-s", str(s.rate_duration_s + 10)]
-    )
+    sink_args = ["sink", "--bind", addr, "--duration-s", str(s.rate_duration_s + 10)]
+    sink = _serve(lab.hosts[dst], sink_args, s.port)
     try:
         args = ["blast", "--to", addr, "--rate-mbit", str(rate_mbit * s.overdrive)]
-        _tool(lab.hosts[src], [*args, "--duration-s", str(s.rate_duration_s)], timeout_s=30)
+        args += ["--duration-s", str(s.rate_duration_s)]
+        _tool(lab.hosts[src], args, timeout_s=30, port=s.port)
         out, _ = sink.communicate(timeout=s.rate_duration_s + 15)
     finally:
         terminate(sink)
@@ -252,14 +250,12 @@ def measure_ceiling(lab: Lab, agent: str, duration_s: float = 3.0) -> float:
     return got["bytes"] * 8 / got["seconds"] / 1e6
 
 
-def _probe_argv(ns: Namespace, args: Sequence[str]) -> list[str]:
-    return ns.exec_argv(
-        [sys.executable, "-m", "skyfed.lab.probe", *args, "--port", str(PROBE_PORT)]
-    )
+def _probe_argv(ns: Namespace, args: Sequence[str], port: int) -> list[str]:
+    return ns.exec_argv([sys.executable, "-m", "skyfed.lab.probe", *args, "--port", str(port)])
 
 
-def _serve(ns: Namespace, args: Sequence[str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(_probe_argv(ns, args), stdout=subprocess.PIPE, text=True)
+def _serve(ns: Namespace, args: Sequence[str], port: int = PROBE_PORT) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(_probe_argv(ns, args, port), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
         terminate(proc)
@@ -267,9 +263,9 @@ def _serve(ns: Namespace, args: Sequence[str]) -> subprocess.Popen[str]:
     return proc
 
 
-def _tool(ns: Namespace, args: Sequence[str], *, timeout_s: float) -> dict:
+def _tool(ns: Namespace, args: Sequence[str], *, timeout_s: float, port: int = PROBE_PORT) -> dict:
     out = subprocess.run(
-        _probe_argv(ns, args), capture_output=True, text=True, timeout=timeout_s, check=False
+        _probe_argv(ns, args, port), capture_output=True, text=True, timeout=timeout_s, check=False
     )
     if out.returncode != 0:
         raise LabError(f"probe {args[0]} failed in {ns.name}: {out.stderr.strip()}")

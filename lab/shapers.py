@@ -1,4 +1,4 @@
-"""Shaped links between two namespaces: kernel ``tc netem`` where it exists, else userspace TUN."""
+"""Shaped links between two namespaces: kernel ``tc netem`` where it exists, else tbf + eBPF drop + a TUN delay line."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Literal
 
+from skyfed.lab.dropper import Dropper
 from skyfed.lab.netns import LabError, Namespace, new_instance_prefix, run
 from skyfed.lab.profiles import LinkProfile
 from skyfed.procs import terminate
@@ -90,7 +91,9 @@ class Link(ABC):
 
 
 class TunLink(Link):
-    """Userspace shaper: a forwarder process between a TUN device in each namespace."""
+    """Where the kernel has no netem: the kernel shapes rate (``tbf`` on each TUN's egress)
+    and loss (an eBPF drop at each TUN's ingress, lab/dropper.py); a forwarder process
+    between the two TUN devices adds only the delay and jitter (docs/wan.md)."""
 
     mechanism: Mechanism = "tun"
 
@@ -98,6 +101,7 @@ class TunLink(Link):
         super().__init__(a, b, profile)
         self.seed = seed
         self._proc: subprocess.Popen[str] | None = None
+        self._droppers: list[Dropper] = []
 
     def _create_devices(self) -> None:
         argv = [sys.executable, "-m", "skyfed.lab.forwarder"]
@@ -112,9 +116,28 @@ class TunLink(Link):
         if line != "ready":
             self.close()
             raise LabError(f"forwarder for {self.a.dev} did not start (said {line!r})")
+        try:
+            for end in (self.a, self.b):
+                self._droppers.append(Dropper(end.ns.path, end.dev, self.profile.loss))
+        except OSError as exc:
+            self.close()
+            raise LabError(f"cannot attach the loss program to {self.a.dev}: {exc}") from exc
+        self._set_rate(self.profile)
 
     def _apply(self, profile: LinkProfile) -> None:
         self._send({"profile": profile.to_dict()})
+        for dropper in self._droppers:
+            dropper.set_loss(profile.loss)
+        if self.profile.rate_mbit and not profile.rate_mbit:
+            for end in (self.a, self.b):
+                run(["tc", "-n", end.ns.name, "qdisc", "del", "dev", end.dev, "root"])
+        self._set_rate(profile)
+
+    def _set_rate(self, profile: LinkProfile) -> None:
+        """tbf on each device's egress: the direction's bottleneck and its tail-drop queue."""
+        if profile.rate_mbit:
+            for end in (self.a, self.b):
+                run(["tc", "-n", end.ns.name, *tbf_command(end.dev, profile, "root")[1:]])
 
     def _send(self, cmd: dict[str, object]) -> None:
         if self._proc is None or self._proc.poll() is not None:
@@ -124,6 +147,9 @@ class TunLink(Link):
         self._proc.stdin.flush()
 
     def close(self) -> None:
+        droppers, self._droppers = self._droppers, []
+        for dropper in droppers:
+            dropper.close()
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -162,12 +188,17 @@ def netem_commands(dev: str, profile: LinkProfile, *, verb: str = "replace") -> 
     netem += ["loss", f"{100.0 if profile.down else profile.loss_pct:g}%"]
     commands = [netem]
     if profile.rate_mbit:
-        burst_b = max(MTU * 4, int(profile.rate_mbit * 1e6 / 8 / 250))
-        tbf = ["tc", "qdisc", verb, "dev", dev, "parent", "1:1", "handle", "10:", "tbf"]
-        tbf += ["rate", f"{profile.rate_mbit:g}mbit", "burst", str(burst_b)]
-        tbf += ["latency", f"{profile.queue_ms:g}ms"]
-        commands.append(tbf)
+        commands.append(tbf_command(dev, profile, "parent 1:1", verb=verb))
     return commands
+
+
+def tbf_command(dev: str, profile: LinkProfile, parent: str, *, verb: str = "replace") -> list[str]:
+    """The ``tc`` command line of the rate limit: ``profile.rate_mbit`` with a bucket of
+    4 ms at that rate (at least 4 packets) and a tail-drop queue of ``queue_ms``."""
+    burst_b = max(MTU * 4, int(profile.rate_mbit * 1e6 / 8 / 250))
+    tbf = ["tc", "qdisc", verb, "dev", dev, *parent.split(), "handle", "10:", "tbf"]
+    tbf += ["rate", f"{profile.rate_mbit:g}mbit", "burst", str(burst_b)]
+    return [*tbf, "latency", f"{profile.queue_ms:g}ms"]
 
 
 @functools.cache

@@ -17,7 +17,13 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from types import TracebackType
 
-from skyfed.lab.netns import LabError, Namespace, new_instance_prefix, reap_stale
+from skyfed.lab.netns import (
+    LabError,
+    Namespace,
+    allow_congestion_control,
+    new_instance_prefix,
+    reap_stale,
+)
 from skyfed.lab.profiles import Catalog, LinkProfile, Schedule, load_catalog
 from skyfed.lab.shapers import Endpoint, Link, Mechanism, choose_mechanism, make_link
 
@@ -149,10 +155,16 @@ class Lab:
         agent_addr, coord_addr = self.spec.link_addrs(index)
         a = Endpoint(ns=self._add_host(agent.name), dev="wan0", addr=agent_addr)
         b = Endpoint(ns=coord, dev=f"l{index}-{agent.name}"[:15], addr=coord_addr)
-        link = make_link(self.mechanism, a, b, self.catalog.profile(agent.profile))
+        profile = self.catalog.profile(agent.profile)
+        link = make_link(self.mechanism, a, b, profile)
         self.links[agent.name] = link
         link.open()
-        a.ns.ip("route", "add", str(self.spec.network), "via", str(coord_addr), "dev", "wan0")
+        # Congestion control per route (both ends; a passive open takes its route's too):
+        # gRPC's Python API offers no socket hook, a route metric reaches every socket.
+        allow_congestion_control(profile.congestion)
+        cc = ["congctl", "lock", profile.congestion]
+        a.ns.ip("route", "add", str(self.spec.network), "via", str(coord_addr), "dev", "wan0", *cc)
+        coord.ip("route", "replace", str(agent_addr), "dev", b.dev, "src", str(coord_addr), *cc)
 
     def address(self, host: str) -> IPv4Address:
         """A host's address: the coordinator's service address, or an agent's link address."""

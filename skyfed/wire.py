@@ -142,6 +142,8 @@ class Welcome:
     sgd_lr: float
     sgd_momentum: float
     probe: ProbeOffer | None = None
+    overlap: bool = False
+    """Train round r+1 while round r's exchange is in flight (docs/wan.md#overlap)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ ISSUE_RTTS_MS = {
     "cross-region": 120,
     "transpacific": 250,
     "lossy": 80,
+    "far-clean": 120,
+    "gigabit-50ms": 50,
 }
 
 
@@ -27,6 +29,17 @@ def test_shipped_profiles_match_the_named_link_types() -> None:
     assert (cross.loss_pct, cross.rate_mbit) == (0.5, 100)
     assert (pacific.loss_pct, pacific.rate_mbit) == (1.2, 50)
     assert catalog.profile("lossy").loss_pct == 3.0
+
+
+def test_every_profile_is_offered_with_cubic_and_with_bbr() -> None:
+    catalog = load_catalog()
+    for name, profile in catalog.profiles.items():
+        assert profile.congestion == "cubic"
+        bbr = catalog.profile(f"{name}+bbr")
+        assert (bbr.name, bbr.congestion, bbr.rtt_ms) == (f"{name}+bbr", "bbr", profile.rtt_ms)
+        assert catalog.profile(f"{name}+cubic").congestion == "cubic"
+    with pytest.raises(KeyError, match="NAME\\+CC"):
+        catalog.profile("lan+vegas")
 
 
 def test_every_shipped_schedule_names_known_profiles() -> None:

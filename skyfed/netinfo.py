@@ -1,0 +1,125 @@
+"""What the network gives this host's connections to a peer: the TCP congestion control.
+
+gRPC's Python API has no socket hook, so a service cannot choose its connections'
+congestion control; it can say which one they get. The route to the peer decides first
+(``ip route ... congctl bbr``, as the lab sets it), else the host's default
+(``net.ipv4.tcp_congestion_control``). Both ends call :func:`congestion_control` at start
+and log it (docs/wan.md says how to give a real host BBR).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CC = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+MSS_BYTES = 1448
+"""A TCP segment's payload at MTU 1500 with timestamps, for Mathis's formula."""
+CAPPED_BELOW = 0.25
+"""Warn when one loss-based stream's Mathis rate is below this share of the link's rate."""
+LOSS_BASED = frozenset({"reno", "cubic", "htcp", "bic", "highspeed", "scalable", "westwood"})
+"""Congestion controls that halve their window on a random loss (Mathis: rate ~ 1/sqrt(p))."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class CongestionControl:
+    """The congestion control TCP connections to one peer get, and where it comes from."""
+
+    name: str
+    """Algorithm name as the kernel spells it (``cubic``, ``bbr``), or ``unknown``."""
+    source: str
+    """``route`` (a ``congctl`` metric on the route to the peer), ``host`` (the default
+    sysctl) or ``unknown`` (neither could be read: not Linux)."""
+
+    @property
+    def loss_based(self) -> bool:
+        """True for an algorithm that a random loss slows (CUBIC, Reno, ...)."""
+        return self.name in LOSS_BASED
+
+
+def peer_host(grpc_peer: str) -> str:
+    """The address in a gRPC peer string (``ipv4:10.0.0.2:5000``, ``ipv6:[::1]:5000``)."""
+    kind, _, rest = grpc_peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return grpc_peer
+    return rest.rpartition(":")[0].strip("[]")
+
+
+def congestion_control(peer: str | None) -> CongestionControl:
+    """The congestion control of this host's TCP connections to ``peer`` (a host or
+    address; None: the host's default, which a route to a peer may override)."""
+    if peer is None:
+        return _host_default()
+    try:
+        addr = socket.getaddrinfo(peer, None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError):
+        addr = peer
+    name = _route_congctl(str(addr))
+    if name:
+        return CongestionControl(name=name, source="route")
+    return _host_default()
+
+
+def _host_default() -> CongestionControl:
+    try:
+        return CongestionControl(name=DEFAULT_CC.read_text().strip(), source="host")
+    except OSError:
+        return CongestionControl(name="unknown", source="unknown")
+
+
+def mathis_mbit(rtt_ms: float, loss_pct: float, mss_bytes: int = MSS_BYTES) -> float:
+    """Mathis et al.'s ceiling of one loss-based TCP stream: MSS / RTT x 1.22 / sqrt(p), Mbit/s
+    (infinite without loss or without a round trip)."""
+    if loss_pct <= 0 or rtt_ms <= 0:
+        return float("inf")
+    return mss_bytes * 8 / (rtt_ms / 1000) * 1.22 / math.sqrt(loss_pct / 100) / 1e6
+
+
+def loss_cap_warning(
+    cc: CongestionControl, *, rtt_ms: float, loss_pct: float, rate_mbit: float
+) -> str | None:
+    """The warning for a loss-based congestion control on a link whose measured loss caps one
+    stream far below the link's measured rate, or None. The link monitor calls it with its
+    figures (``rate_mbit``: measured goodput or capacity; docs/wan.md)."""
+    cap = mathis_mbit(rtt_ms, loss_pct)
+    if not cc.loss_based or rate_mbit <= 0 or cap >= CAPPED_BELOW * rate_mbit:
+        return None
+    return (
+        f"{cc.name} (from the {cc.source}) on a link with {loss_pct:.2g} % loss at {rtt_ms:.0f} ms "
+        f"holds one stream to about {cap:.1f} Mbit/s of {rate_mbit:.0f}: give the hosts BBR "
+        "(net.ipv4.tcp_congestion_control=bbr, docs/wan.md) or stripe the session"
+    )
+
+
+def log_congestion_control(peer: str | None, role: str) -> CongestionControl:
+    """Log (and return) what :func:`congestion_control` finds for ``peer``."""
+    cc = congestion_control(peer)
+    shown = peer or "(host default)"
+    logger.info("[NetInfo.CC] role=%s peer=%s cc=%s source=%s", role, shown, cc.name, cc.source)
+    return cc
+
+
+def _route_congctl(addr: str) -> str | None:
+    ip = shutil.which("ip")
+    if ip is None:
+        return None
+    try:
+        out = subprocess.run(
+            [ip, "-j", "-d", "route", "get", addr], capture_output=True, text=True, timeout=5
+        ).stdout
+        routes = json.loads(out) if out.strip() else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    for route in routes:
+        for metric in route.get("metrics", []):
+            if isinstance(metric, dict) and "congestion" in metric:  # iproute2's JSON name
+                return str(metric["congestion"]).removeprefix("lock ").strip()
+    return None

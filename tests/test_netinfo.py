@@ -1,0 +1,43 @@
+"""What a service reports about its connections' congestion control, and when it warns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skyfed.netinfo import (
+    CongestionControl,
+    congestion_control,
+    loss_cap_warning,
+    mathis_mbit,
+    peer_host,
+)
+
+
+def test_without_a_route_metric_the_host_default_is_reported() -> None:
+    cc = congestion_control("127.0.0.1")  # loopback carries no congctl metric
+    assert cc.source == "host"
+    assert cc.name == Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+
+
+def test_mathis_holds_one_stream_to_a_few_mbit_at_120_ms_and_half_a_percent() -> None:
+    assert mathis_mbit(120.0, 0.5) == pytest.approx(1.67, abs=0.01)
+    assert mathis_mbit(120.0, 0.0) == float("inf")
+
+
+def test_cubic_on_a_lossy_link_warns_and_bbr_or_a_clean_link_does_not() -> None:
+    cubic = CongestionControl(name="cubic", source="host")
+    text = loss_cap_warning(cubic, rtt_ms=120.0, loss_pct=0.5, rate_mbit=100.0)
+    assert text is not None and "1.7 Mbit/s of 100" in text and "bbr" in text
+    bbr = CongestionControl(name="bbr", source="route")
+    assert loss_cap_warning(bbr, rtt_ms=120.0, loss_pct=0.5, rate_mbit=100.0) is None
+    assert loss_cap_warning(cubic, rtt_ms=120.0, loss_pct=0.0, rate_mbit=100.0) is None
+    assert loss_cap_warning(cubic, rtt_ms=1.0, loss_pct=0.01, rate_mbit=100.0) is None
+
+
+def test_a_grpc_peer_string_names_its_address() -> None:
+    assert peer_host("ipv4:10.77.1.2:54321") == "10.77.1.2"
+    assert peer_host("ipv6:[::1]:7443") == "::1"
+    assert peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
+    assert congestion_control(None).source == "host"
