@@ -1,6 +1,6 @@
 # `make check` runs exactly what CI runs (.ci/run): install, then the whole test suite,
 # which includes ruff lint and format checks.
-.PHONY: install demo check lint format proto bench
+.PHONY: install demo check lint format proto docs bench
 
 install:
 	pip install torch==2.13.0 -e ".[test]"
@@ -19,6 +19,10 @@ format:
 
 proto:
 	python -m skyfed.proto.generate
+
+# docs/configuration.md, from the config dataclasses' field docstrings.
+docs:
+	python -m skyfed.configref
 
 bench:
 	python bench/compression.py && python bench/convergence.py

@@ -21,8 +21,11 @@ class AgentConfig:
     certs: Path | None = None
     """A ``certs`` directory: ca.crt, <name>.crt, <name>.key. Explicit paths win."""
     ca: Path | None = None
+    """CA certificate (PEM) the coordinator's certificate must chain to."""
     cert: Path | None = None
+    """This agent's certificate (PEM), whose SPIFFE identity names its cloud and name."""
     key: Path | None = None
+    """This agent's private key (PEM, 0600)."""
     server_name: str | None = None
     """TLS name to expect on the coordinator's certificate, if not the host in ``coordinator``."""
     task: str = "chargpt"
@@ -47,6 +50,7 @@ class AgentConfig:
     reconnect_initial_s: float = 0.2
     """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
     reconnect_max_s: float = 5.0
+    """Longest reconnect delay, in seconds; the doubling stops here."""
     give_up_after_s: float = 600.0
     """Stop retrying after this long without a session (0: never)."""
     report: Path | None = None

@@ -22,7 +22,7 @@ from .identity import (
     Identity,
     IdentityError,
     identity_of_certificate,
-    spiffe_uris,
+    trust_domain_of_ca,
     validate_trust_domain,
 )
 from .revocation import load_crl
@@ -145,10 +145,10 @@ class CertificateAuthority:
 
     @staticmethod
     def _trust_domain_of(cert: x509.Certificate) -> str:
-        uris = spiffe_uris(cert)
-        if len(uris) != 1:
-            raise AuthorityError("the CA certificate names no spiffe://<trust-domain> URI")
-        return validate_trust_domain(uris[0][len("spiffe://") :].rstrip("/"))
+        try:
+            return trust_domain_of_ca(cert)
+        except IdentityError as e:
+            raise AuthorityError(str(e)) from None
 
     # -- properties --------------------------------------------------------------------
 
@@ -186,6 +186,20 @@ class CertificateAuthority:
     ) -> IssuedCertificate:
         """Issue an agent's client certificate (EKU clientAuth, SAN = its SPIFFE URI)."""
         identity = Identity.agent(self._trust_domain, cloud=cloud, name=name)
+        validity = self._validity(days, not_before, not_after)
+        return self._issue(identity, [], [ExtendedKeyUsageOID.CLIENT_AUTH], validity, replace)
+
+    def issue_admin(
+        self,
+        name: str,
+        *,
+        days: int = 365,
+        not_before: datetime | None = None,
+        not_after: datetime | None = None,
+        replace: bool = False,
+    ) -> IssuedCertificate:
+        """Issue an operator's client certificate: admin calls (status, export) need one."""
+        identity = Identity.admin(self._trust_domain, name=name)
         validity = self._validity(days, not_before, not_after)
         return self._issue(identity, [], [ExtendedKeyUsageOID.CLIENT_AUTH], validity, replace)
 

@@ -90,7 +90,7 @@ def init(directory: Path, trust_domain: str, days: int, force: bool) -> None:
 
 @cli.group()
 def issue() -> None:
-    """Issue a certificate for an agent or the coordinator."""
+    """Issue a certificate for an agent, an operator (admin) or the coordinator."""
 
 
 @issue.command("agent")
@@ -103,6 +103,17 @@ def issue_agent(directory: Path, cloud: str, name: str, days: int, replace: bool
     """Issue an agent's client certificate."""
     ca = CertificateAuthority.open(directory)
     _echo_issued(ca.issue_agent(cloud, name, days=days, replace=replace))
+
+
+@issue.command("admin")
+@_dir_option
+@click.option("--name", required=True, help="The operator's name, e.g. ops.")
+@_days_option(365)
+@_replace_option
+def issue_admin(directory: Path, name: str, days: int, replace: bool) -> None:
+    """Issue an operator's client certificate (for `coordinator status`)."""
+    ca = CertificateAuthority.open(directory)
+    _echo_issued(ca.issue_admin(name, days=days, replace=replace))
 
 
 @issue.command("coordinator")

@@ -9,7 +9,10 @@ from cryptography import x509
 from cryptography.x509.oid import ExtensionOID
 
 SCHEME = "spiffe://"
-ROLES = ("agent", "coordinator")
+ROLES = ("agent", "coordinator", "admin")
+# The coordinator's name: its files (coordinator.crt, .key) and the downlink's rounding
+# seed are keyed by it, so no agent or operator may take it.
+COORDINATOR_NAME = "coordinator"
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _MAX_DNS_NAME = 253
@@ -52,7 +55,7 @@ class Identity:
     trust_domain: str
     """The federation's trust domain, e.g. ``skyfed.local``."""
     role: str
-    """``"agent"`` or ``"coordinator"``."""
+    """``"agent"``, ``"coordinator"``, or ``"admin"`` (an operator: may call admin RPCs)."""
     name: str
     """Unique within the federation; also the stem of the member's cert and key files."""
     cloud: str | None = None
@@ -63,6 +66,10 @@ class Identity:
         if self.role not in ROLES:
             raise IdentityError(f"invalid role {self.role!r}: expected one of {ROLES}")
         validate_name("name", self.name)
+        if self.role != "coordinator" and self.name == COORDINATOR_NAME:
+            raise IdentityError(
+                f"invalid name {self.name!r}: reserved for the coordinator; pick another"
+            )
         if self.role == "agent":
             if self.cloud is None:
                 raise IdentityError(f"invalid cloud None: agent {self.name!r} needs a cloud")
@@ -78,11 +85,15 @@ class Identity:
     def coordinator(cls, trust_domain: str, name: str = "coordinator") -> Identity:
         return cls(trust_domain=trust_domain, role="coordinator", name=name)
 
+    @classmethod
+    def admin(cls, trust_domain: str, name: str) -> Identity:
+        return cls(trust_domain=trust_domain, role="admin", name=name)
+
     @property
     def uri(self) -> str:
         if self.role == "agent":
             return f"{SCHEME}{self.trust_domain}/cloud/{self.cloud}/agent/{self.name}"
-        return f"{SCHEME}{self.trust_domain}/coordinator/{self.name}"
+        return f"{SCHEME}{self.trust_domain}/{self.role}/{self.name}"
 
     @classmethod
     def parse(cls, uri: str) -> Identity:
@@ -96,11 +107,13 @@ class Identity:
                 return cls.agent(trust_domain, cloud=parts[1], name=parts[3])
             if len(parts) == 2 and parts[0] == "coordinator":
                 return cls.coordinator(trust_domain, name=parts[1])
+            if len(parts) == 2 and parts[0] == "admin":
+                return cls.admin(trust_domain, name=parts[1])
         except IdentityError as e:
             raise IdentityError(f"invalid SPIFFE URI {uri!r}: {e}") from None
         raise IdentityError(
             f"invalid SPIFFE URI {uri!r}: expected {SCHEME}<td>/cloud/<cloud>/agent/<name> "
-            f"or {SCHEME}<td>/coordinator/<name>"
+            f", {SCHEME}<td>/coordinator/<name> or {SCHEME}<td>/admin/<name>"
         )
 
     def __str__(self) -> str:
@@ -126,6 +139,14 @@ def identity_of_certificate(cert: x509.Certificate) -> Identity:
             "in its subject alternative name; expected exactly one"
         )
     return Identity.parse(uris[0])
+
+
+def trust_domain_of_ca(cert: x509.Certificate) -> str:
+    """The trust domain a federation CA names in its SAN (``spiffe://<trust-domain>``)."""
+    uris = spiffe_uris(cert)
+    if len(uris) != 1:
+        raise IdentityError("the CA certificate names no spiffe://<trust-domain> URI")
+    return validate_trust_domain(uris[0][len(SCHEME) :].rstrip("/"))
 
 
 def identity_of_pem(pem: bytes) -> Identity:

@@ -44,7 +44,7 @@ class _Snapshot:
     next_update: datetime | None
 
 
-def _file_version(*paths: Path) -> tuple[tuple[int, int, int, int], ...]:
+def file_version(*paths: Path) -> tuple[tuple[int, int, int, int], ...]:
     """What changes whenever a file is rewritten (atomically or in place); cheap to get."""
     versions = []
     for path in paths:
@@ -69,7 +69,7 @@ class RevocationList:
         self._crl_path = Path(crl_path)
         self._ca_cert_path = Path(ca_cert_path)
         self._lock = threading.Lock()
-        self._version = _file_version(self._crl_path, self._ca_cert_path)
+        self._version = file_version(self._crl_path, self._ca_cert_path)
         self._snapshot = self._load()
 
     @property
@@ -85,7 +85,7 @@ class RevocationList:
             return self._snapshot.serials
 
     def _refresh_if_changed(self) -> None:
-        version = _file_version(self._crl_path, self._ca_cert_path)
+        version = file_version(self._crl_path, self._ca_cert_path)
         if version == self._version:
             return
         self._version = version  # a bad file is reported once, not on every call

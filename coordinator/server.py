@@ -61,6 +61,9 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # gRPC sets SO_REUSEPORT by default: a second coordinator on the same port would
+            # start silently and split the agents between the two. Binding must fail instead.
+            ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
     )

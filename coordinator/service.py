@@ -78,7 +78,7 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
         try:
-            self.auth.identify(context)
-        except RevokedError as exc:
+            self.auth.require_admin(context)
+        except FederationError as exc:
             context.abort(status_code(exc), str(exc))
         return self.federation.status(windows=request.windows)

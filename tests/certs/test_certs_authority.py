@@ -82,7 +82,7 @@ def test_private_keys_are_written_0600(tmp_path: Path, monkeypatch: pytest.Monke
     finally:
         os.umask(old_umask)
     keys = sorted(tmp_path.glob("*.key"))
-    names = ["aws-1", "azure-1", "ca", "coordinator", "gcp-1"]
+    names = ["aws-1", "azure-1", "ca", "coordinator", "gcp-1", "ops"]
     assert [k.name for k in keys] == [f"{n}.key" for n in names]
     assert {_mode(k) for k in keys} == {0o600}
     assert _mode(ca.ca_cert_path) == 0o644
@@ -252,13 +252,16 @@ def test_issued_lists_what_this_ca_signed_and_skips_strangers(
     assert issued[1].key_path == ca.directory / "gcp-1.key"
 
 
-def test_make_federation_issues_a_coordinator_and_three_agents(tmp_path: Path) -> None:
+def test_make_federation_issues_a_coordinator_an_operator_and_three_agents(
+    tmp_path: Path,
+) -> None:
     ca = make_federation(tmp_path)
     assert [i.identity.uri for i in ca.issued()] == [
         "spiffe://skyfed.local/cloud/aws/agent/aws-1",
         "spiffe://skyfed.local/cloud/azure/agent/azure-1",
         "spiffe://skyfed.local/coordinator/coordinator",
         "spiffe://skyfed.local/cloud/gcp/agent/gcp-1",
+        "spiffe://skyfed.local/admin/ops",
     ]
 
 

@@ -75,7 +75,7 @@ def test_identity_uri_round_trips(cloud: str, name: str) -> None:
         ({"trust_domain": "Skyfed.local"}, "trust_domain"),
         ({"trust_domain": "sky..fed"}, "trust_domain"),
         ({"trust_domain": "sky/fed"}, "trust_domain"),
-        ({"role": "admin"}, "role"),
+        ({"role": "operator"}, "role"),
     ],
 )
 def test_invalid_field_raises_identity_error_naming_field_and_value(

@@ -71,10 +71,10 @@ def self_signed(directory: Path, name: str) -> None:
     )
 
 
-def test_agent_with_valid_certificate_is_served(serve, pki):
+def test_operator_with_valid_certificate_is_served(serve, pki):
     running = serve()
     assert (
-        status_call(running.port, conftest.credentials(pki.directory, "aws-1"))[0]
+        status_call(running.port, conftest.credentials(pki.directory, "ops"))[0]
         == grpc.StatusCode.OK
     )
 
@@ -110,11 +110,11 @@ def test_expired_certificate_is_refused_at_handshake(serve, pki):
     assert status_call(running.port, creds)[0] == grpc.StatusCode.UNAVAILABLE
 
 
-def test_revoked_agent_is_refused_without_restart(serve, pki):
+def test_revoked_identity_is_refused_without_restart(serve, pki):
     running = serve()
-    creds = conftest.credentials(pki.directory, "aws-1")
+    creds = conftest.credentials(pki.directory, "ops")
     assert status_call(running.port, creds)[0] == grpc.StatusCode.OK
-    pki.revoke("aws-1")
+    pki.revoke("ops")
     code, details = status_call(running.port, creds)
     assert code == grpc.StatusCode.UNAUTHENTICATED
     assert "revoked" in details
@@ -155,12 +155,12 @@ def test_server_and_ca_rotate_without_restart(serve, pki, tmp_path):
     live = tmp_path / "live"
     shutil.copytree(pki.directory, live)
     running = serve(certs=live)
-    old = conftest.credentials(pki.directory, "aws-1")
+    old = conftest.credentials(pki.directory, "ops")
     assert status_call(running.port, old)[0] == grpc.StatusCode.OK
     rotated = make_federation(tmp_path / "rotated")
     for name in ("ca.crt", "crl.pem", "coordinator.crt", "coordinator.key"):
         shutil.copy(rotated.directory / name, live / name)
-    new = conftest.credentials(rotated.directory, "aws-1")
+    new = conftest.credentials(rotated.directory, "ops")
     assert status_call(running.port, new)[0] == grpc.StatusCode.OK
     assert status_call(running.port, old)[0] == grpc.StatusCode.UNAVAILABLE
 
