@@ -1,0 +1,91 @@
+"""A TCP relay between agents and the coordinator whose connections a test can cut.
+
+Real sockets end to end (TLS passes through untouched); each accepted connection is
+numbered in the order it arrived, counts the bytes it carried each way, and can be reset
+mid-transfer, as a middlebox or a flapping path would.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Relayed:
+    """One relayed connection: its two sockets and the bytes each way so far."""
+
+    index: int
+    client: socket.socket
+    upstream: socket.socket
+    up_bytes: int = 0
+    down_bytes: int = 0
+    cut: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class CuttingRelay:
+    """Listens on 127.0.0.1 (port 0) and relays each connection to ``target_port``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections: list[Relayed] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                conn = Relayed(len(self.connections), client, upstream)
+                self.connections.append(conn)
+            threading.Thread(target=self._pump, args=(conn, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(conn, False), daemon=True).start()
+
+    def _pump(self, conn: Relayed, up: bool) -> None:
+        src, dst = (conn.client, conn.upstream) if up else (conn.upstream, conn.client)
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+                with conn.lock:
+                    if up:
+                        conn.up_bytes += len(data)
+                    else:
+                        conn.down_bytes += len(data)
+        except OSError:
+            pass
+        for s in (dst, src):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self, index: int) -> None:
+        """Reset connection ``index`` on both sides at once (RST, nothing more delivered)."""
+        conn = self.connections[index]
+        conn.cut = True
+        for s in (conn.client, conn.upstream):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()
+        for conn in self.connections:
+            for s in (conn.client, conn.upstream):
+                try:
+                    s.close()
+                except OSError:
+                    pass
