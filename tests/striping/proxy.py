@@ -7,6 +7,7 @@ mid-transfer, as a middlebox or a flapping path would.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -67,10 +68,8 @@ class CuttingRelay:
         except OSError:
             pass
         for s in (dst, src):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self, index: int) -> None:
         """Reset connection ``index`` on both sides at once (RST, nothing more delivered)."""
@@ -85,7 +84,5 @@ class CuttingRelay:
         self.listener.close()
         for conn in self.connections:
             for s in (conn.client, conn.upstream):
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass
