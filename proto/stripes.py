@@ -55,9 +55,9 @@ class Spread(Generic[T]):
     for the lanes still open. Lanes take the lowest queued position, so the receiver
     holds as little as possible out of order.
 
-    With ``ordered=False`` every position is :data:`UNORDERED` and only the primary lane
-    runs: one plain stream whose heartbeats overtake, the N = 1 path of a peer that
-    cannot stripe.
+    With ``ordered=False`` (until :meth:`start_ordering`) every position is
+    :data:`UNORDERED` and only the primary lane runs: one plain stream whose heartbeats
+    overtake, the N = 1 path of a session that does not stripe.
     """
 
     def __init__(self, *, ordered: bool = True) -> None:
@@ -74,6 +74,14 @@ class Spread(Generic[T]):
         self._closed = False
         self.resent = 0
         """Chunks given back to the queue by lanes that ended before their acknowledgement."""
+
+    def start_ordering(self) -> None:
+        """Give every message put from now on a position: the session stripes (a welcome
+        with a join token). Messages queued before keep :data:`UNORDERED`; they are sent
+        on the primary lane ahead of the ordered ones, so the receiver, which delivers
+        unordered messages at once, still sees them first."""
+        with self._ready:
+            self.ordered = True
 
     @property
     def lanes(self) -> int:

@@ -192,3 +192,20 @@ def test_lanes_on_threads_with_one_dying_midway_deliver_everything_once():
     for t in threads:
         t.join(timeout=10)
     assert out == list(range(total))
+
+
+def test_messages_queued_before_ordering_starts_are_delivered_first():
+    spread: Spread[str] = Spread(ordered=False)
+    primary = spread.lane(primary=True)
+    spread.put("hello", Kind.CONTROL)
+    spread.start_ordering()
+    spread.put("welcome", Kind.CONTROL)
+    spread.put("chunk", Kind.CHUNK)
+    second = spread.lane()
+    assert second.poll() == (2, "chunk")
+    out: list[str] = []
+    merge: Merge[str] = Merge(out.append, max_held_bytes=100)
+    merge.add(2, "chunk", 1)
+    for position, item in (primary.poll(), primary.poll()):
+        merge.add(position, item, 1)
+    assert out == ["hello", "welcome", "chunk"]
