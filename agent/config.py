@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfed.validate import require
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -74,12 +76,11 @@ class AgentConfig:
             (self.device in DEVICES, "device", " or ".join(DEVICES)),
         ]
         for ok, field, what in checks:
-            if not ok:
-                raise ValueError(f"agent option {field}={getattr(self, field)!r} must be {what}")
+            require("agent", ok, field, getattr(self, field), what)
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / f"{self.name}.crt"
             self.key = self.key or self.certs / f"{self.name}.key"
         for field in ("ca", "cert", "key"):
-            if getattr(self, field) is None:
-                raise ValueError(f"agent option {field} must be set (or give certs=DIR)")
+            value = getattr(self, field)
+            require("agent", value is not None, field, value, "set (or give certs=DIR)")

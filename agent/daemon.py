@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import time
-from pathlib import Path
 
 import grpc
 import torch
@@ -17,11 +15,25 @@ from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, decode_payload
-from skyfed.compression.spec import codec_from_spec, parse_spec, wire_spec
+from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, Payload, cut_all
-from skyfed.proto.serde import EXCHANGES, specs_to_proto
+from skyfed.files import write_text_atomic
+from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut_all
+from skyfed.wire import (
+    EXCHANGES,
+    Announce,
+    Chunk,
+    ChunkKind,
+    CoordinatorMessage,
+    Hello,
+    Payload,
+    Receipt,
+    RoundEnd,
+    WeightsEnd,
+    Welcome,
+    max_payload_bytes,
+    raw_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,20 +131,23 @@ class Agent:
     # ---- one session ---------------------------------------------------------------------
 
     def _join(self, link: Link) -> None:
-        hello = pb.Hello(
+        hello = Hello(
             cloud=self.config.cloud,
             name=self.config.name,
             task=self.site.trainer.task.name,
-            tensors=specs_to_proto(self.spec),
+            tensors=list(self.spec),
             tp=self.site.group.world,
-            codecs=codec_names(),
+            codecs=tuple(codec_names()),
             last_round=self.last_round,
             weights_digest=self.site.digest(),
             exchanges=EXCHANGES,
         )
-        link.send(pb.AgentMessage(hello=hello))
-        welcome = self._expect(link, "welcome", WELCOME_TIMEOUT_S).welcome
-        self.codec = _checked_codec(wire_spec(welcome.codec, welcome.codec_params))
+        link.send(hello)
+        welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
+        assert isinstance(welcome, Welcome)
+        self.codec = self._checked_codec(
+            welcome.round, wire_spec(welcome.codec, welcome.codec_params)
+        )
         exchange = welcome.exchange or "delta"  # a coordinator from before the field
         if exchange not in EXCHANGES:  # a coordinator newer than this agent
             raise LinkClosed(grpc.StatusCode.FAILED_PRECONDITION, f"unknown exchange {exchange!r}")
@@ -154,20 +169,21 @@ class Agent:
 
     def _receive_weights(self, link: Link) -> bool:
         """Load the coordinator's weights; True if the federation has finished with them."""
-        assembler = self._assembler(pb.Chunk.WEIGHTS, None)
+        assembler = self._assembler(ChunkKind.WEIGHTS, None)
         weights: dict[int, torch.Tensor] = {}
         datas: dict[int, bytes] = {}
         while True:
-            message = self._expect(link, ("chunk", "weights_end"), WELCOME_TIMEOUT_S)
-            if message.HasField("weights_end"):
+            message = self._expect(link, (Chunk, WeightsEnd), WELCOME_TIMEOUT_S)
+            if isinstance(message, WeightsEnd):
                 break
+            assert isinstance(message, Chunk)
             if assembler.round is None:
-                assembler.round = message.chunk.round
-            payload = assembler.add(message.chunk)
+                assembler.round = message.round
+            payload = assembler.add(message)
             if payload is not None:
                 weights[payload.tensor] = self._decode(payload)
                 datas[payload.tensor] = payload.data
-        end = message.weights_end
+        end = message
         if len(weights) != len(self.spec) or end.chunks != assembler.next_seq:
             raise Resync(f"weights transfer incomplete ({len(weights)} tensors)")
         order = range(len(weights))
@@ -192,24 +208,21 @@ class Agent:
     def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
         payloads = self.site.contribution(round, self.codec)  # every rank's own shards
         chunks = cut_all(
-            payloads, kind=pb.Chunk.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
+            payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
         )
         self._unacked.add(round)
-        raw = sum(info.numel * 4 for info in self.spec)
         link.send(
-            pb.AgentMessage(
-                contribution=pb.Contribution(
-                    round=round,
-                    chunks=len(chunks),
-                    samples=result.samples,
-                    loss=result.loss,
-                    train_s=result.train_s,
-                    raw_bytes=raw,
-                )
+            Announce(
+                round=round,
+                chunks=len(chunks),
+                samples=result.samples,
+                loss=result.loss,
+                train_s=result.train_s,
+                raw_bytes=raw_bytes(self.spec),
             )
         )
         for chunk in chunks:
-            link.send(pb.AgentMessage(chunk=chunk))
+            link.send(chunk)
         self.bytes_up += sum(len(c.data) for c in chunks)
 
     # ---- incoming ------------------------------------------------------------------------
@@ -221,28 +234,27 @@ class Agent:
             self._handle(message)
             message = link.recv(0)
 
-    def _handle(self, message: pb.CoordinatorMessage) -> None:
-        kind = message.WhichOneof("body")
-        if kind == "chunk":
-            self._aggregate_chunk(message.chunk)
-        elif kind == "round_end":
-            self._round_end(message.round_end)
-        elif kind == "receipt":
-            self._receipt(message.receipt)
-        elif kind == "welcome":
+    def _handle(self, message: CoordinatorMessage) -> None:
+        if isinstance(message, Chunk):
+            self._aggregate_chunk(message)
+        elif isinstance(message, RoundEnd):
+            self._round_end(message)
+        elif isinstance(message, Receipt):
+            self._receipt(message)
+        elif isinstance(message, Welcome):
             raise ProtocolError("a second welcome on one session")
 
-    def _aggregate_chunk(self, chunk: pb.Chunk) -> None:
+    def _aggregate_chunk(self, chunk: Chunk) -> None:
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
-            self._agg = self._assembler(pb.Chunk.AGGREGATE, chunk.round)
+            self._agg = self._assembler(ChunkKind.AGGREGATE, chunk.round)
             self._agg_values, self._agg_datas = {}, {}
         payload = self._agg.add(chunk)
         if payload is not None:
             self._agg_values[payload.tensor] = self._decode(payload)
             self._agg_datas[payload.tensor] = payload.data
 
-    def _round_end(self, end: pb.RoundEnd) -> None:
+    def _round_end(self, end: RoundEnd) -> None:
         agg, values = self._agg, self._agg_values
         if agg is None or agg.round != end.round or agg.next_seq != end.chunks:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
@@ -259,13 +271,13 @@ class Agent:
         spec = wire_spec(end.codec, end.codec_params)
         if spec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
-            self.codec = _checked_codec(spec)
+            self.codec = self._checked_codec(end.round + 1, spec)
         self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
             raise Finished
 
-    def _receipt(self, receipt: pb.Receipt) -> None:
+    def _receipt(self, receipt: Receipt) -> None:
         if receipt.round not in self._unacked:
             return
         self._unacked.discard(receipt.round)
@@ -288,7 +300,7 @@ class Agent:
             round=round,
             num_tensors=len(self.spec),
             max_chunk_bytes=self.max_chunk_bytes,
-            max_payload_bytes=[t.numel * 4 + 4096 for t in self.spec],
+            max_payload_bytes=max_payload_bytes(self.spec),
         )
 
     def _decode(self, payload: Payload) -> torch.Tensor:
@@ -301,18 +313,25 @@ class Agent:
             raise Resync(f"payload for {info.name} has shape {list(values.shape)}")
         return values
 
-    def _expect(
-        self, link: Link, kinds: str | tuple[str, ...], timeout: float
-    ) -> pb.CoordinatorMessage:
-        kinds = (kinds,) if isinstance(kinds, str) else kinds
+    def _expect(self, link: Link, kinds: tuple[type, ...], timeout: float) -> CoordinatorMessage:
+        names = tuple(k.__name__ for k in kinds)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             message = link.recv(max(0.0, deadline - time.monotonic()))
-            if message is not None and message.WhichOneof("body") in kinds:
+            if message is not None and isinstance(message, kinds):
                 return message
-            if message is not None and message.WhichOneof("body") != "heartbeat":
-                raise ProtocolError(f"expected {kinds}, got {message.WhichOneof('body')}")
-        raise LinkClosed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no {kinds} within {timeout} s")
+            if message is not None:
+                raise ProtocolError(f"expected {names}, got {type(message).__name__}")
+        raise LinkClosed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no {names} within {timeout} s")
+
+    def _checked_codec(self, round: int, spec: str) -> str:
+        """A codec spec we can build (the site builds it for ``round`` now, once), or a
+        resync: never a crash in the middle of a round."""
+        try:
+            self.site.codec(round, spec)
+        except ValueError as exc:
+            raise Resync(f"the coordinator named a codec this agent cannot build: {exc}") from exc
+        return spec
 
     def _write_report(self, digest: str) -> None:
         if self.config.report is None:
@@ -328,19 +347,4 @@ class Agent:
             "bytes_down": self.bytes_down,
             "codec": parse_spec(self.codec)[0],
         }
-        _write_atomic(self.config.report, json.dumps(report, indent=1))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _checked_codec(spec: str) -> str:
-    """A codec spec we can build, or a resync: never a crash in the middle of a round."""
-    try:
-        codec_from_spec(spec)
-    except ValueError as exc:
-        raise Resync(f"the coordinator named a codec this agent cannot build: {exc}") from exc
-    return spec
+        write_text_atomic(self.config.report, json.dumps(report, indent=1))

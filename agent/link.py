@@ -1,4 +1,8 @@
-"""The agent's end of one session stream: mTLS channel, outbox, inbox, heartbeats, probe."""
+"""The agent's end of one session stream: mTLS channel, outbox, inbox, heartbeats, probe.
+
+The agent's one edge to protobuf: messages go in and come out as ``skyfed.wire``
+dataclasses, converted here by ``proto/serde.py``.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ import grpc
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.probe import ProbeClient
-from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
+from skyfed.wire import AgentMessage, Chunk, CoordinatorMessage, Heartbeat, Welcome
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +72,7 @@ class Link:
     ) -> None:
         self.coordinator = coordinator
         """HOST:PORT dialled; the loss probe goes to HOST (no probe when empty)."""
-        self._welcome: pb.Welcome | None = None
+        self._welcome: Welcome | None = None
         self.probe: ProbeClient | None = None
         self._outbox = Outbox()
         self._inbox: queue.Queue = queue.Queue()
@@ -87,25 +92,25 @@ class Link:
         self._beater.start()
 
     def _start_probe(self) -> None:
-        w = self._welcome
-        if w is None or not w.probe_port or not w.probe_key or not self.coordinator:
+        offer = self._welcome.probe if self._welcome is not None else None
+        if offer is None or not offer.port or not offer.key or not self.coordinator:
             return
         host = self.coordinator.rsplit(":", 1)[0].strip("[]")
-        interval_s = (w.probe_interval_ms or 50) / 1000
+        interval_s = (offer.interval_ms or 50) / 1000
         try:
-            self.probe = ProbeClient(host, w.probe_port, w.probe_id, w.probe_key, interval_s)
+            self.probe = ProbeClient(host, offer.port, offer.probe_id, offer.key, interval_s)
         except OSError as exc:
-            log.warning("[Agent.Probe] no loss probe to %s:%d: %s", host, w.probe_port, exc)
+            log.warning("[Agent.Probe] no loss probe to %s:%d: %s", host, offer.port, exc)
             return
         self.probe.start()
-        log.info("[Agent.Probe] to=%s:%d interval_ms=%d", host, w.probe_port, interval_s * 1000)
+        log.info("[Agent.Probe] to=%s:%d interval_ms=%d", host, offer.port, interval_s * 1000)
 
-    def send(self, message: pb.AgentMessage) -> None:
-        if message.HasField("chunk"):
-            self.bytes_up += len(message.chunk.data)
-        self._outbox.put(message)
+    def send(self, message: AgentMessage) -> None:
+        if isinstance(message, Chunk):
+            self.bytes_up += len(message.data)
+        self._outbox.put(serde.agent_message_to_proto(message))
 
-    def recv(self, timeout: float | None = None) -> pb.CoordinatorMessage | None:
+    def recv(self, timeout: float | None = None) -> CoordinatorMessage | None:
         """The next message; None on timeout; raises LinkClosed when the stream ended."""
         try:
             item = self._inbox.get(timeout=timeout)
@@ -131,17 +136,26 @@ class Link:
                     if message.heartbeat.echo_ns:
                         self.rtt_ms = (time.monotonic_ns() - message.heartbeat.echo_ns) / 1e6
                     continue
-                if message.HasField("welcome"):
-                    self._welcome = message.welcome  # read by start_heartbeats: the probe
-                self._inbox.put(message)
+                ours = serde.coordinator_message_from_proto(message)
+                if ours is None:
+                    continue  # a newer coordinator's message this agent does not know
+                if isinstance(ours, Welcome):
+                    self._welcome = ours  # read by start_heartbeats: the probe
+                self._inbox.put(ours)
             self._inbox.put(_End(grpc.StatusCode.OK, "the coordinator ended the session"))
         except grpc.RpcError as exc:
             self._inbox.put(_End(exc.code(), exc.details() or ""))
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            beat = pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=self.rtt_ms)
+            settled = lost = 0
             if self.probe is not None:
                 report = self.probe.take()
-                beat.probes_settled, beat.probes_lost = report.settled, report.lost
-            self._outbox.put(pb.AgentMessage(heartbeat=beat))
+                settled, lost = report.settled, report.lost
+            beat = Heartbeat(
+                sent_ns=time.monotonic_ns(),
+                rtt_ms=self.rtt_ms,
+                probes_settled=settled,
+                probes_lost=lost,
+            )
+            self._outbox.put(serde.agent_message_to_proto(beat))

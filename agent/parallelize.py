@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-from skyfed.proto.serde import ShardCoords
+from skyfed.wire import ShardCoords
 
 
 def build_mesh(device_type: str, tp: int) -> DeviceMesh:

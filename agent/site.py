@@ -2,25 +2,25 @@
 
 The daemon (the gRPC session) lives on rank 0 only. Each public method of :class:`Site`
 is one SPMD step: on rank 0 it first broadcasts the step's name and its small arguments
-over the control group, then runs the step; ranks 1.. sit in :meth:`Site.follow` and run
-the same step with the same arguments. Collectives inside a step (TP forward/backward,
-the gather of compressed payloads, the all-gather of weights for the digest) therefore
-always line up. With one rank (``Solo``) nothing is broadcast and nothing is gathered.
+over the control group, then runs the step (``self._lead(self._train)``); ranks 1.. sit
+in :meth:`Site.follow` and run the same step with the same arguments. Collectives inside
+a step (TP forward/backward, the gather of compressed payloads, the all-gather of weights
+for the digest) therefore always line up. With one rank (``Solo``) nothing is broadcast and nothing is gathered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
 
 from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.agent.uplink import Uplink
-from skyfed.compression import decode_payload, rounding_seed
+from skyfed.compression import Codec, decode_payload, rounding_seed
 from skyfed.compression.spec import codec_from_spec
 from skyfed.fingerprint import TensorInfo
-from skyfed.proto.chunks import Payload
+from skyfed.wire import Payload
 
 
 class RankGroup(Protocol):
@@ -63,6 +63,22 @@ class Site:
         """The agent's name: with the trainer's seed, it seeds stochastic rounding."""
         self.uplink = Uplink(trainer.spec, trainer.shards)
         self._result: LocalResult | None = None
+        self._codec: tuple[int, str, Codec] | None = None
+        # The steps by the names rank 0 broadcasts (see :meth:`_lead`), for :meth:`follow`.
+        self._steps: dict[str, Callable[..., Any]] = {
+            step.__name__: step
+            for step in (
+                self._train,
+                self._set_exchange,
+                self._contribution,
+                self._keep,
+                self._acked,
+                self._refused,
+                self._apply,
+                self._load,
+                self._digest,
+            )
+        }
 
     @property
     def spec(self) -> list[TensorInfo]:
@@ -72,38 +88,38 @@ class Site:
 
     def train(self) -> LocalResult:
         """Local steps; rank 0 gets the loss and cost (its ``delta`` stays with the site)."""
-        return self._lead("train")
+        return self._lead(self._train)
 
     def set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
         """What every rank's ``train`` computes from now on (the coordinator's choice)."""
-        self._lead("set_exchange", exchange, lr, momentum)
+        self._lead(self._set_exchange, exchange, lr, momentum)
 
     def contribution(self, round: int, codec: str) -> list[Payload]:
         """Every rank encodes its own shards; rank 0 gets all payloads, in tensor order."""
-        return self._lead("contribution", round, codec)
+        return self._lead(self._contribution, round, codec)
 
     def keep(self) -> None:
         """The round closed while we trained: keep the delta in the residuals."""
-        self._lead("keep")
+        self._lead(self._keep)
 
     def acked(self, round: int) -> None:
-        self._lead("acked", round)
+        self._lead(self._acked, round)
 
     def refused(self, round: int) -> None:
-        self._lead("refused", round)
+        self._lead(self._refused, round)
 
     def apply(self, round: int, datas: list[bytes], decoded: list[torch.Tensor]) -> None:
         """Apply the aggregate: the encoded payloads go to every rank, each decodes them
         and subtracts its slice. ``decoded`` is rank 0's own (already checked) decoding."""
-        self._lead("apply", round, datas, decoded=decoded)
+        self._lead(self._apply, round, datas, decoded=decoded)
 
     def load(self, datas: list[bytes], decoded: list[torch.Tensor]) -> None:
         """Replace the weights by the coordinator's (a resync)."""
-        self._lead("load", datas, decoded=decoded)
+        self._lead(self._load, datas, decoded=decoded)
 
     def digest(self) -> str:
         """sha256 of the full logical weights (``""`` on ranks other than 0)."""
-        return self._lead("digest")
+        return self._lead(self._digest)
 
     def stop(self) -> None:
         """Release the other ranks from :meth:`follow`; their processes then exit 0."""
@@ -116,12 +132,21 @@ class Site:
             name, args = self.group.broadcast(None)
             if name == "stop":
                 return
-            getattr(self, f"_{name}")(*args)
+            self._steps[name](*args)
 
-    def _lead(self, name: str, *args: Any, **local: Any) -> Any:
+    def _lead(self, step: Callable[..., Any], *args: Any, **local: Any) -> Any:
+        """Run ``step`` here, on rank 0, after telling the other ranks to run it too."""
         if self.group.world > 1:
-            self.group.broadcast((name, args))
-        return getattr(self, f"_{name}")(*args, **local)
+            self.group.broadcast((step.__name__, args))
+        return step(*args, **local)
+
+    def codec(self, round: int, spec: str) -> Codec:
+        """This rank's codec for its contribution to ``round``, built once per round (its
+        rounding seed is the round's); ``ValueError`` if ``spec`` names one it cannot build."""
+        if self._codec is None or self._codec[:2] != (round, spec):
+            seed = rounding_seed(self.trainer.seed, self.sender, round, self.trainer.rank)
+            self._codec = (round, spec, codec_from_spec(spec, seed))
+        return self._codec[2]
 
     # ---- the steps, on every rank --------------------------------------------------------
 
@@ -133,8 +158,7 @@ class Site:
         self.trainer.set_exchange(exchange, lr, momentum)
 
     def _contribution(self, round: int, codec: str) -> list[Payload]:
-        seed = rounding_seed(self.trainer.seed, self.sender, round, self.trainer.rank)
-        built = codec_from_spec(codec, seed)  # the coordinator's name, maybe with parameters
+        built = self.codec(round, codec)  # the coordinator's name, maybe with parameters
         mine = self.uplink.encode(round, built, self._take_delta())
         self.trainer.sent(self.uplink.sent(round), built)
         gathered = self.group.gather(mine)

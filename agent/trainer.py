@@ -23,8 +23,8 @@ from skyfed.agent.parallelize import (
 )
 from skyfed.compression import Codec
 from skyfed.fingerprint import TensorInfo, model_spec, weights_digest
-from skyfed.proto.serde import ShardCoords
 from skyfed.tasks.base import Task, tp_plan_of
+from skyfed.wire import ShardCoords
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,7 @@ import torch
 
 from skyfed.compression import Codec, ErrorFeedback
 from skyfed.fingerprint import TensorInfo
-from skyfed.proto.chunks import Payload
-from skyfed.proto.serde import ShardCoords
+from skyfed.wire import Payload, ShardCoords
 
 
 def shard_key(name: str, shard: ShardCoords) -> str:

@@ -67,9 +67,9 @@ import torch
 from skyfed.lab.federation import Federation, FederationSpec
 from skyfed.lab.profiles import LinkProfile, Schedule, ScheduleStep, load_catalog
 from skyfed.lab.topology import AgentSpec, Lab, LabSpec, tear_down_on_signals
-from skyfed.proto.serde import EXCHANGES
 from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
+from skyfed.wire import EXCHANGES
 
 FAR = LinkProfile(name="bench-far", rtt_ms=300.0, jitter_ms=2.0, loss_pct=1.0, rate_mbit=20.0)
 NEAR = LinkProfile(name="bench-near", rtt_ms=10.0, jitter_ms=0.5, rate_mbit=200.0)

@@ -15,6 +15,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from skyfed.validate import require
+
 
 @dataclass(kw_only=True, slots=True)
 class MonitorConfig:
@@ -32,11 +34,13 @@ class MonitorConfig:
     """Transfers smaller than this say more about latency than rate: no goodput sample."""
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.window_s) and self.window_s > 0, "window_s", self.window_s)
-        _require(0 < self.alpha <= 1, "alpha", self.alpha)
-        _require(0 < self.loss_alpha <= 1, "loss_alpha", self.loss_alpha)
-        _require(self.max_samples >= 16, "max_samples", self.max_samples)
-        _require(self.min_goodput_bytes >= 0, "min_goodput_bytes", self.min_goodput_bytes)
+        window_ok = math.isfinite(self.window_s) and self.window_s > 0
+        require("monitor", window_ok, "window_s", self.window_s, "finite and > 0")
+        require("monitor", 0 < self.alpha <= 1, "alpha", self.alpha, "in (0, 1]")
+        require("monitor", 0 < self.loss_alpha <= 1, "loss_alpha", self.loss_alpha, "in (0, 1]")
+        require("monitor", self.max_samples >= 16, "max_samples", self.max_samples, ">= 16")
+        goodput = self.min_goodput_bytes
+        require("monitor", goodput >= 0, "min_goodput_bytes", goodput, ">= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +213,3 @@ class LinkMonitor:
             goodput_rtt_ms=self._ewma.get("goodput_rtt_ms", math.nan),
             windows=self.windows,
         )
-
-
-def _require(ok: bool, name: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"monitor option {name}={value!r} is out of range")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +36,7 @@ from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
 from skyfed.compression.registry import codec_names, decode_payload, make_codec
 from skyfed.compression.schedule import DensityWarmup
+from skyfed.validate import require
 
 MODES = ("table", "cost")
 
@@ -111,29 +113,47 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         names = codec_names()
-        _require(self.mode in MODES, "mode", self.mode, f"one of {MODES}")
+        require("policy", self.mode in MODES, "mode", self.mode, f"one of {MODES}")
         for key in ("light", "medium", "heavy"):
-            _require(getattr(self, key) in names, key, getattr(self, key), f"one of {names}")
+            require(
+                "policy", getattr(self, key) in names, key, getattr(self, key), f"one of {names}"
+            )
         light, heavy = self.light_below_rtt_ms, self.heavy_above_rtt_ms
-        _require(0 < light < heavy, "light_below_rtt_ms", light, "> 0 and < heavy_above_rtt_ms")
+        require(
+            "policy", 0 < light < heavy, "light_below_rtt_ms", light, "> 0 and < heavy_above_rtt_ms"
+        )
         moderate, high = self.moderate_loss_pct, self.high_loss_pct
-        _require(moderate > 0, "moderate_loss_pct", moderate, "> 0")
-        _require(moderate < high < 100, "high_loss_pct", high, "above moderate_loss_pct, < 100")
-        _require(0 <= self.hysteresis_pct < 50, "hysteresis_pct", self.hysteresis_pct, "in [0, 50)")
+        require("policy", moderate > 0, "moderate_loss_pct", moderate, "> 0")
+        require(
+            "policy", moderate < high < 100, "high_loss_pct", high, "above moderate_loss_pct, < 100"
+        )
+        require(
+            "policy",
+            0 <= self.hysteresis_pct < 50,
+            "hysteresis_pct",
+            self.hysteresis_pct,
+            "in [0, 50)",
+        )
         for key in ("heavier_after_windows", "lighter_after_windows"):
-            _require(getattr(self, key) >= 1, key, getattr(self, key), ">= 1")
+            require("policy", getattr(self, key) >= 1, key, getattr(self, key), ">= 1")
         density = self.topk_density
-        _require(density is None or 0 < density <= 1, "topk_density", density, "in (0, 1]")
-        _require(self.topk_values in ("int8", "fp16"), "topk_values", self.topk_values, "int8|fp16")
+        require("policy", density is None or 0 < density <= 1, "topk_density", density, "in (0, 1]")
+        require(
+            "policy",
+            self.topk_values in ("int8", "fp16"),
+            "topk_values",
+            self.topk_values,
+            "int8|fp16",
+        )
         warmup, start = self.topk_warmup_rounds, self.topk_warmup_start
-        _require(warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
-        _require(0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
-        _require(self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
+        require("policy", warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
+        require("policy", 0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
+        require("policy", self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
         clip = self.ecsgd_clip
         ok = clip is None or clip == 0 or 1 <= clip <= 1e3
-        _require(ok, "ecsgd_clip", clip, "0 (the peak) or in [1, 1000]")
-        _require(self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
-        _require(self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
+        require("policy", ok, "ecsgd_clip", clip, "0 (the peak) or in [1, 1000]")
+        require("policy", self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
+        require("policy", self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
 
     def for_gradient_exchange(self) -> PolicyConfig:
         """This policy with the defaults of the coordinator's ``exchange = "gradient"``
@@ -303,12 +323,26 @@ def _nearest(state: PolicyState, order: list[str], ladder: tuple[str, ...]) -> i
     return max((i for i, n in enumerate(ladder) if order.index(n) <= weight), default=0)
 
 
+HEAVINESS = ("fp32", "bf16", "fp16", "topk", "ecsgd")
+"""Every codec, lightest compression first: the one ranking of codecs, which the policy's
+ladder follows where no measured ratio orders it, and the downlink takes the heaviest of."""
+
+
+def heaviness(name: str) -> int:
+    """``name``'s place in :data:`HEAVINESS` (0 for a codec not ranked)."""
+    return HEAVINESS.index(name) if name in HEAVINESS else 0
+
+
+def heaviest(names: Iterable[str]) -> str:
+    """The most compressing of ``names`` (the first of equals)."""
+    return max(names, key=heaviness)
+
+
 def _order(config: PolicyConfig, profiles: dict[str, CodecProfile] | None) -> list[str]:
     """Every codec the policy may pick, lightest compression first."""
     names = set(config.ladder) | set(profiles or {})
     ratio = {p.name: p.ratio for p in (profiles or {}).values()}
-    rank = {n: i for i, n in enumerate(config.ladder)}
-    return sorted(names, key=lambda n: (ratio.get(n, 0.0), rank.get(n, 0), n))
+    return sorted(names, key=lambda n: (ratio.get(n, 0.0), heaviness(n), n))
 
 
 def profile_codecs(
@@ -341,8 +375,3 @@ def profile_codecs(
         payload_bytes = sum(len(payload) for payload, _ in sent.values())  # same every repeat
         out[name] = CodecProfile(name, raw_bytes / payload_bytes, enc, dec, payload_bytes)
     return out
-
-
-def _require(ok: bool, name: str, value: object, what: str) -> None:
-    if not ok:
-        raise ValueError(f"policy option {name}={value!r} must be {what}")

@@ -1,4 +1,5 @@
-"""The admin side: calling ``Status`` over mTLS and showing it to a person."""
+"""The admin side: calling ``Status`` over mTLS (an edge, like the agent's link) and
+showing it to a person."""
 
 from __future__ import annotations
 
@@ -9,25 +10,28 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from skyfed.coordinator.status import Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
 
 
 def fetch_status(
     address: str, certs: Path, name: str, timeout_s: float = 5.0, windows: bool = False
-) -> pb.StatusReply:
+) -> Status:
     creds = grpc.ssl_channel_credentials(
         root_certificates=(certs / "ca.crt").read_bytes(),
         private_key=(certs / f"{name}.key").read_bytes(),
         certificate_chain=(certs / f"{name}.crt").read_bytes(),
     )
     with grpc.secure_channel(address, creds) as channel:
-        return pb_grpc.FederationStub(channel).Status(
+        reply = pb_grpc.FederationStub(channel).Status(
             pb.StatusRequest(windows=windows), timeout=timeout_s
         )
+    return serde.status_from_proto(reply)
 
 
-def agents_table(reply: pb.StatusReply) -> Table:
+def agents_table(reply: Status) -> Table:
     """One row per agent; short headers so it fits an 80-column terminal."""
     table = Table(
         title=f"round {reply.round}  weights {reply.weights_digest[:12]}  exchange {reply.exchange}",
@@ -55,5 +59,5 @@ def agents_table(reply: pb.StatusReply) -> Table:
     return table
 
 
-def render_status(reply: pb.StatusReply) -> None:
+def render_status(reply: Status) -> None:
     Console().print(agents_table(reply))

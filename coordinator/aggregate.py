@@ -15,8 +15,7 @@ import torch
 from skyfed.compression import PayloadError, codec_names, decode_payload, payload_codec
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
-from skyfed.proto.chunks import Payload
-from skyfed.proto.serde import ShardCoords
+from skyfed.wire import Payload, ShardCoords
 
 
 class RoundAggregate:

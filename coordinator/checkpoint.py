@@ -7,12 +7,12 @@ and the directory fsynced: a kill at any instant leaves the previous checkpoint 
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from skyfed.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +40,7 @@ def save(directory: Path, ckpt: Checkpoint) -> Path:
         "weights": ckpt.weights,
         "downlink_residual": ckpt.downlink_residual,
     }
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        target = directory / LATEST
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(directory)
-    return target
+    return write_atomic(directory / LATEST, lambda f: torch.save(state, f))
 
 
 def load(directory: Path) -> Checkpoint | None:
@@ -74,11 +62,3 @@ def load(directory: Path) -> Checkpoint | None:
         weights=list(state["weights"]),
         downlink_residual=state["downlink_residual"],
     )
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

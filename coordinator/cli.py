@@ -11,7 +11,7 @@ import click
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.logs import setup_logging
-from skyfed.proto.serde import EXCHANGES
+from skyfed.wire import EXCHANGES
 
 
 @click.group()

@@ -10,7 +10,8 @@ from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
-from skyfed.proto.serde import EXCHANGES
+from skyfed.validate import require
+from skyfed.wire import EXCHANGES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,46 +83,86 @@ class CoordinatorConfig:
     """Rewrite the status (as JSON) here after every round and at exit."""
 
     def __post_init__(self) -> None:
-        _require(self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")
-        _require(self.quorum >= 1, "quorum", self.quorum, ">= 1")
-        _require(self.round_deadline_s > 0, "round_deadline_s", self.round_deadline_s, "> 0")
-        _require(self.rounds >= 0, "rounds", self.rounds, ">= 0")
-        _require(self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
-        _require(self.exchange in EXCHANGES, "exchange", self.exchange, " or ".join(EXCHANGES))
-        _require(self.sgd_lr > 0, "sgd_lr", self.sgd_lr, "> 0")
-        _require(0 <= self.sgd_momentum < 1, "sgd_momentum", self.sgd_momentum, "in [0, 1)")
+        require("coordinator", self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")
+        require("coordinator", self.quorum >= 1, "quorum", self.quorum, ">= 1")
+        require(
+            "coordinator",
+            self.round_deadline_s > 0,
+            "round_deadline_s",
+            self.round_deadline_s,
+            "> 0",
+        )
+        require("coordinator", self.rounds >= 0, "rounds", self.rounds, ">= 0")
+        require("coordinator", self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
+        require(
+            "coordinator",
+            self.exchange in EXCHANGES,
+            "exchange",
+            self.exchange,
+            " or ".join(EXCHANGES),
+        )
+        require("coordinator", self.sgd_lr > 0, "sgd_lr", self.sgd_lr, "> 0")
+        require(
+            "coordinator",
+            0 <= self.sgd_momentum < 1,
+            "sgd_momentum",
+            self.sgd_momentum,
+            "in [0, 1)",
+        )
         self.policy = _section(PolicyConfig, self.policy, "mode")
         self.monitor = _section(MonitorConfig, self.monitor, "window_s")
         if self.exchange == "gradient":
             self.policy = self.policy.for_gradient_exchange()
             bits = self.policy.ecsgd_bits
-            _require(bits != 1, "policy.ecsgd_bits", bits, "2 or 4 under exchange = gradient")
+            require(
+                "coordinator",
+                bits != 1,
+                "policy.ecsgd_bits",
+                bits,
+                "2 or 4 under exchange = gradient",
+            )
         codecs = ["auto", *codec_names()]
-        _require(self.codec in codecs, "codec", self.codec, f"one of {codecs}")
-        _require(-1 <= self.probe_port < 65536, "probe_port", self.probe_port, "-1..65535")
-        _require(self.probe_interval_ms >= 5, "probe_interval_ms", self.probe_interval_ms, ">= 5")
-        _require(
+        require("coordinator", self.codec in codecs, "codec", self.codec, f"one of {codecs}")
+        require(
+            "coordinator", -1 <= self.probe_port < 65536, "probe_port", self.probe_port, "-1..65535"
+        )
+        require(
+            "coordinator",
+            self.probe_interval_ms >= 5,
+            "probe_interval_ms",
+            self.probe_interval_ms,
+            ">= 5",
+        )
+        require(
+            "coordinator",
             4096 <= self.max_chunk_bytes <= 4 << 20,
             "max_chunk_bytes",
             self.max_chunk_bytes,
             "between 4096 and 4 MiB",
         )
-        _require(self.heartbeat_ms >= 10, "heartbeat_ms", self.heartbeat_ms, ">= 10")
-        _require(
+        require("coordinator", self.heartbeat_ms >= 10, "heartbeat_ms", self.heartbeat_ms, ">= 10")
+        require(
+            "coordinator",
             self.liveness_timeout_s * 1000 > 2 * self.heartbeat_ms,
             "liveness_timeout_s",
             self.liveness_timeout_s,
             "longer than two heartbeats",
         )
-        _require(self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
-        _require(":" in self.listen, "listen", self.listen, "HOST:PORT")
+        require("coordinator", self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
+        require("coordinator", ":" in self.listen, "listen", self.listen, "HOST:PORT")
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / "coordinator.crt"
             self.key = self.key or self.certs / "coordinator.key"
             self.crl = self.crl or self.certs / "crl.pem"
         for name in ("ca", "cert", "key"):
-            _require(getattr(self, name) is not None, name, None, "set (or give certs=DIR)")
+            require(
+                "coordinator",
+                getattr(self, name) is not None,
+                name,
+                None,
+                "set (or give certs=DIR)",
+            )
 
 
 def _section(cls: type, value: Any, scalar_key: str) -> Any:
@@ -132,8 +173,3 @@ def _section(cls: type, value: Any, scalar_key: str) -> Any:
         return cls(**value)
     kind = type(getattr(cls(), scalar_key))
     return cls(**{scalar_key: kind(value)})
-
-
-def _require(ok: bool, field: str, value: object, what: str) -> None:
-    if not ok:
-        raise ValueError(f"coordinator option {field}={value!r} must be {what}")

@@ -10,17 +10,21 @@ next round boundary (:meth:`Links.codec`), so a switch never lands mid-round.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig
 from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
-from skyfed.coordinator.session import Session
-from skyfed.proto import federation_pb2 as pb
+from skyfed.wire import Heartbeat
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,29 @@ PROFILE_MAX_NUMEL = 1 << 22
 STREAM_RTT_AFTER_S = 2.0
 """With no probe report for this long (no probe, an agent from before round trips rode on
 it, or a path that drops them), the heartbeats' own round trip stands in."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodecRun:
+    """The codec a link (or the downlink) runs and the round it started from: the one home
+    of a link's codec; Top-k's density warm-up counts from ``since``."""
+
+    codec: str = ""
+    since: int = 0
+
+    def at(self, codec: str, round_: int) -> CodecRun:
+        """This run once ``codec`` runs in ``round_``: unchanged if it ran that codec
+        already, else from ``round_``; a first codec from round 0, as a late join or a
+        coordinator restart meets residuals that kept their work, and Top-k's warm-up,
+        which counts from the second figure, must not start again for them."""
+        if codec == self.codec:
+            return self
+        return CodecRun(codec, round_ if self.codec else 0)
+
+    def params(self, policy: PolicyConfig, round_: int) -> dict[str, Any]:
+        """The codec's constructor parameters in ``round_``: the one place they are worked
+        out for a round (the policy's, at the run's age)."""
+        return policy.codec_params(self.codec, round_ - self.since)
 
 
 class LinkState:
@@ -54,9 +81,11 @@ class LinkState:
         self._upload: tuple[float, int] | None = None
         self.train_s = 0.0
         """The agent's local training time per round, from its latest contribution."""
-        self.ran: tuple[str, int] = ("", 0)
-        """The codec this link last ran and the round it started: Top-k's density warm-up
-        counts from it. Kept across the agent's sessions, as the agent's residual is."""
+        self.run = CodecRun()
+        """The codec this link runs (its sessions' contributions, from the round boundary
+        the policy's choice was taken at) and since when. Kept across the agent's sessions,
+        as the agent's residual is. ``state.codec`` is the policy's wish, which may change
+        mid-round."""
 
     def restart(self) -> None:
         """A new session: its probe counts start from zero again."""
@@ -64,7 +93,7 @@ class LinkState:
             self._settled = self._lost = 0
             self._upload = None
 
-    def heartbeat(self, beat: pb.Heartbeat, now_s: float) -> None:
+    def heartbeat(self, beat: Heartbeat, now_s: float) -> None:
         with self.lock:
             if beat.rtt_ms > 0 and now_s - self._reported_at > STREAM_RTT_AFTER_S:
                 # The stream's round trip, which a transfer in flight inflates: a stand-in.
@@ -138,9 +167,9 @@ class Links:
     def start_codec(self) -> str:
         return self.fixed or self.policy.light
 
-    def open(self, session: Session) -> LinkState:
+    def open(self, session: Session, round_: int) -> LinkState:
         """The session's link (kept from an earlier session of the same agent), with a fresh
-        probe key when the echo runs."""
+        probe key when the echo runs, running the codec the policy wants from ``round_``."""
         link = self._links.get(session.key)
         if link is None:
             link = self._links[session.key] = LinkState(self.policy, self.monitor, self.profiles)
@@ -149,7 +178,30 @@ class Links:
             if link.probe is not None:
                 self.echo.unregister(link.probe)
             link.probe = self.echo.register(on_rtt=link.probe_rtt)
+        session.link = link
+        link.run = link.run.at(self._wanted(session), round_)
         return link
+
+    def boundary(self, session: Session, next_round: int) -> None:
+        """At a round boundary: the link runs the policy's codec from ``next_round`` on."""
+        codec = self._wanted(session)
+        if codec != session.codec:
+            self.switched(session, codec)
+            link = self._links[session.key]
+            link.run = link.run.at(codec, next_round)
+
+    def codec_params(self, session: Session, round_: int) -> str:
+        """The link's codec parameters in ``round_`` as JSON, so the agent encodes exactly
+        that ("" for the defaults)."""
+        link = self._links.get(session.key)
+        run = link.run if link is not None else CodecRun(session.codec)
+        params = run.params(self.policy, round_)
+        return json.dumps(params, sort_keys=True) if params else ""
+
+    def _wanted(self, session: Session) -> str:
+        """The codec for this link's next contribution: the policy's, if the agent has it."""
+        wanted = self.codec(session)
+        return wanted if not session.codecs or wanted in session.codecs else "fp32"
 
     def close(self, session: Session) -> None:
         link = self._links.get(session.key)
@@ -160,7 +212,7 @@ class Links:
     def get(self, session: Session) -> LinkState | None:
         return self._links.get(session.key)
 
-    def heartbeat(self, session: Session, beat: pb.Heartbeat) -> None:
+    def heartbeat(self, session: Session, beat: Heartbeat) -> None:
         """Feed a heartbeat's measurements; refresh the session's figures for status."""
         link = self._links.get(session.key)
         if link is None:

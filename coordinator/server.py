@@ -15,9 +15,8 @@ from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.service import FederationServicer
+from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
-from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -67,9 +66,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
     )
-    pb_grpc.add_FederationServicer_to_server(
-        FederationServicer(federation, PeerAuthenticator(config.crl, config.ca)), server
-    )
+    serve_federation(server, federation, PeerAuthenticator(config.crl, config.ca))
     port = server.add_secure_port(config.listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")

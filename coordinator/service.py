@@ -16,6 +16,8 @@ from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import FederationError, ProtocolError, RevokedError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
+from skyfed.wire import Announce, Chunk, Heartbeat, Hello
 
 log = logging.getLogger(__name__)
 
@@ -42,37 +44,39 @@ class FederationServicer(pb_grpc.FederationServicer):
         )
         reader.start()
         yield from session.outbox  # heartbeats first, until the session is closed
-        self.federation.leave(session)
+        self.federation.admission.leave(session)
         if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
             context.abort(session.abort_code, session.abort_message)
 
     def _read(self, requests: Iterator[pb.AgentMessage], session: Session) -> None:
+        fed = self.federation
         try:
             for message in requests:
                 session.last_seen = time.monotonic()
-                self._handle(session, message)
+                self._handle(session, serde.agent_message_from_proto(message))
         except FederationError as exc:
             log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
-            self.federation.leave(session)
+            fed.admission.leave(session)
             session.close(status_code(exc), str(exc))
             return
         except grpc.RpcError:
             pass  # the call ended under us (client gone, cancelled)
-        self.federation.leave(session)
+        fed.admission.leave(session)
         session.close()
 
-    def _handle(self, session: Session, message: pb.AgentMessage) -> None:
-        kind = message.WhichOneof("body")
-        if kind == "hello":
-            self.federation.join(session, message.hello)
-        elif kind == "contribution":
-            self.federation.begin(session, message.contribution)
-        elif kind == "chunk":
-            self.federation.chunk(session, message.chunk)
-        elif kind == "heartbeat":
-            self.federation.links.heartbeat(session, message.heartbeat)
-            echo = pb.Heartbeat(sent_ns=time.monotonic_ns(), echo_ns=message.heartbeat.sent_ns)
-            session.send(pb.CoordinatorMessage(heartbeat=echo))
+    def _handle(
+        self, session: Session, message: Hello | Announce | Chunk | Heartbeat | None
+    ) -> None:
+        fed = self.federation
+        if isinstance(message, Hello):
+            fed.admission.join(session, message)
+        elif isinstance(message, Announce):
+            fed.intake.begin(session, message)
+        elif isinstance(message, Chunk):
+            fed.intake.chunk(session, message)
+        elif isinstance(message, Heartbeat):
+            fed.links.heartbeat(session, message)
+            session.send(Heartbeat(sent_ns=time.monotonic_ns(), echo_ns=message.sent_ns))
         else:
             raise ProtocolError("an empty or unknown message")
 
@@ -81,4 +85,11 @@ class FederationServicer(pb_grpc.FederationServicer):
             self.auth.require_admin(context)
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
-        return self.federation.status(windows=request.windows)
+        return serde.status_to_proto(self.federation.status(windows=request.windows))
+
+
+def serve_federation(
+    server: grpc.Server, federation: Federation, authenticator: PeerAuthenticator
+) -> None:
+    """Add the ``Federation`` service for ``federation`` to ``server``."""
+    pb_grpc.add_FederationServicer_to_server(FederationServicer(federation, authenticator), server)

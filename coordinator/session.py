@@ -5,14 +5,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
 from skyfed.certs.identity import Identity
-from skyfed.coordinator.aggregate import Contribution
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.chunks import Assembler
+from skyfed.coordinator.inbound import Inbound
+from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
+from skyfed.wire import CoordinatorMessage
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.links import LinkState
 
 
 @dataclass(eq=False)
@@ -23,22 +27,15 @@ class Session:
     peer: str
     outbox: Outbox = field(default_factory=Outbox)
     state: str = "connecting"
-    codec: str = "fp32"
+    link: LinkState | None = None
+    """The agent's link (kept across its sessions): its monitor, policy and codec."""
     codecs: frozenset[str] = frozenset()
     tp: int = 1
     last_round: int = -1
     joined_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
-    # The contribution being received: its round, expected chunks, assembler, aggregate entry.
-    contribution: Contribution | None = None
-    contribution_round: int = -1
-    chunks_expected: int = 0
-    chunks_seen: int = 0
-    assembler: Assembler | None = None
-    discard_round: int = -1
-    discard_left: int = 0
-    pending_loss: float = 0.0
-    pending_train_s: float = 0.0
+    inbound: Inbound | None = None
+    """The contribution being received (or refused and discarded), if any."""
     # Counters for status and the round's accounting.
     bytes_up: int = 0
     bytes_down: int = 0
@@ -57,10 +54,17 @@ class Session:
     def key(self) -> str:
         return self.identity.uri
 
-    def send(self, message: pb.CoordinatorMessage) -> None:
+    @property
+    def codec(self) -> str:
+        """The codec of the session's contributions: its link's (FP32 before it joins)."""
+        return self.link.run.codec if self.link is not None else "fp32"
+
+    def send(self, message: CoordinatorMessage) -> None:
+        """Queue ``message`` for the stream; its encoded size counts in ``bytes_down``."""
         if not self.closed:
-            self.bytes_down += message.ByteSize()
-            self.outbox.put(message)
+            encoded = serde.coordinator_message_to_proto(message)
+            self.bytes_down += serde.wire_size(encoded)
+            self.outbox.put(encoded)
 
     def close(self, code: grpc.StatusCode | None = None, message: str = "") -> None:
         """End the stream after what is queued; with a code, end it with that status."""

@@ -15,7 +15,6 @@ from skyfed.errors import (
     OversizedError,
     ProtocolError,
     RevokedError,
-    SessionReplacedError,
     UnsupportedExchangeError,
 )
 
@@ -30,7 +29,6 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     UnsupportedExchangeError: grpc.StatusCode.FAILED_PRECONDITION,
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
-    SessionReplacedError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,
 }
 

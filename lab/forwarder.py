@@ -4,8 +4,7 @@ Run as ``python -m skyfed.lab.forwarder --ns-a A --dev-a X --ns-b B --dev-b Y --
 It creates TUN device X inside network namespace A and Y inside B, prints ``ready`` and then
 moves every packet read from one device to the other after the link profile's delay,
 jitter, loss and rate. Control lines on stdin (JSON): ``{"profile": {...}}`` replaces the
-profile, ``{"stats": true}`` answers one JSON line of counters on stdout. It exits on
-end of stdin (its parent is gone) or SIGTERM.
+profile. It exits on end of stdin (its parent is gone) or SIGTERM.
 
 Jitter shifts the one-way delay by a normal deviate redrawn every 5 ms. Each direction is
 a FIFO whose release times never decrease (no reordering), so the queue is a deque and its
@@ -126,17 +125,6 @@ class Direction:
             except OSError:
                 self.write_errors += 1
 
-    def stats(self) -> dict[str, int]:
-        """Counters for the control channel."""
-        return {
-            "received": self.received,
-            "forwarded": self.forwarded,
-            "lost": self.lost,
-            "queue_drops": self.queue_drops,
-            "write_errors": self.write_errors,
-            "queued": len(self.queue),
-        }
-
 
 def open_tun_in_netns(netns_path: str, name: str) -> int:
     """Create TUN device ``name`` inside the namespace at ``netns_path``; return its fd."""
@@ -200,10 +188,6 @@ class Forwarder:
         if "profile" in cmd:
             self.imp = Impairment.from_profile(cmd["profile"])
             logger.info("[Forwarder.Profile] %s", self.imp)
-        if cmd.get("stats"):
-            reply = {"ab": self.ab.stats(), "ba": self.ba.stats()}
-            sys.stdout.write(json.dumps(reply) + "\n")
-            sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from skyfed.lab.netns import LabError, Namespace
 from skyfed.lab.profiles import LinkProfile
 from skyfed.lab.topology import COORDINATOR, Lab
 from skyfed.procs import terminate
+from skyfed.validate import require
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,15 @@ class CheckSettings:
     """Probability that a correct link fails the (two-sided, exact binomial) loss test."""
 
     def __post_init__(self) -> None:
-        _require(self.probes >= 100, "probes", self.probes)
-        _require(0.05 <= self.interval_ms <= 100, "interval_ms", self.interval_ms)
-        _require(0.2 <= self.rate_duration_s <= 60, "rate_duration_s", self.rate_duration_s)
-        _require(1.0 < self.overdrive <= 4.0, "overdrive", self.overdrive)
+        require("selfcheck", self.probes >= 100, "probes", self.probes, ">= 100")
+        interval = self.interval_ms
+        require("selfcheck", 0.05 <= interval <= 100, "interval_ms", interval, "in [0.05, 100]")
+        duration = self.rate_duration_s
+        require("selfcheck", 0.2 <= duration <= 60, "rate_duration_s", duration, "in [0.2, 60]")
+        require("selfcheck", 1.0 < self.overdrive <= 4.0, "overdrive", self.overdrive, "in (1, 4]")
         for name in ("rtt_tolerance", "rate_tolerance", "alpha"):
-            _require(0 < getattr(self, name) < 1, name, getattr(self, name))
+            value = getattr(self, name)
+            require("selfcheck", 0 < value < 1, name, value, "in (0, 1)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -270,8 +274,3 @@ def _tool(ns: Namespace, args: Sequence[str], *, timeout_s: float) -> dict:
     if out.returncode != 0:
         raise LabError(f"probe {args[0]} failed in {ns.name}: {out.stderr.strip()}")
     return json.loads(out.stdout.splitlines()[-1])
-
-
-def _require(ok: bool, name: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"invalid {name}: {value!r}")

@@ -116,13 +116,6 @@ class TunLink(Link):
     def _apply(self, profile: LinkProfile) -> None:
         self._send({"profile": profile.to_dict()})
 
-    def forwarder_stats(self) -> dict[str, dict[str, int]]:
-        """The forwarder's counters per direction (``ab`` is agent to coordinator)."""
-        with self._lock:
-            self._send({"stats": True})
-            assert self._proc is not None and self._proc.stdout is not None
-            return json.loads(self._proc.stdout.readline())
-
     def _send(self, cmd: dict[str, object]) -> None:
         if self._proc is None or self._proc.poll() is not None:
             raise LabError(f"forwarder for {self.a.dev} is not running")

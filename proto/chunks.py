@@ -2,46 +2,33 @@
 
 Both directions use it: agents cut gradients, the coordinator cuts aggregates and weights.
 The assembler checks every chunk before it is used, so a bad chunk raises a domain error
-and nothing half-assembled leaves it.
+and nothing half-assembled leaves it. Framing only: chunks are ``skyfed.wire.Chunk``.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from skyfed.errors import ChecksumError, OversizedError, ProtocolError
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.serde import ShardCoords, shard_from_chunk, shard_to_proto
+from skyfed.wire import Chunk, Payload
 
 DEFAULT_MAX_CHUNK_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Payload:
-    """One whole encoded tensor (or shard) payload, reassembled."""
-
-    tensor: int
-    shard: ShardCoords
-    codec: str
-    data: bytes
-
-
 def cut(
     payload: Payload, *, kind: int, round: int, first_seq: int, max_chunk_bytes: int
-) -> Iterator[pb.Chunk]:
+) -> Iterator[Chunk]:
     """Chunks for one payload, numbered from ``first_seq``; an empty payload is one chunk."""
     data = payload.data
     parts = max(1, -(-len(data) // max_chunk_bytes))
-    shard = shard_to_proto(payload.shard)
     for part in range(parts):
         piece = data[part * max_chunk_bytes : (part + 1) * max_chunk_bytes]
-        yield pb.Chunk(
+        yield Chunk(
             kind=kind,
             round=round,
             tensor=payload.tensor,
-            shard=shard,
+            shard=payload.shard,
             codec=payload.codec,
             seq=first_seq + part,
             part=part,
@@ -51,11 +38,9 @@ def cut(
         )
 
 
-def cut_all(
-    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int
-) -> list[pb.Chunk]:
+def cut_all(payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int) -> list[Chunk]:
     """Chunks for a whole transfer (contribution, aggregate, weights), numbered from 0."""
-    chunks: list[pb.Chunk] = []
+    chunks: list[Chunk] = []
     for payload in payloads:
         chunks.extend(
             cut(
@@ -92,11 +77,11 @@ class Assembler:
         self.max_chunk_bytes = max_chunk_bytes
         self.max_payload_bytes = max_payload_bytes
         self.next_seq = 0
-        self._open: pb.Chunk | None = None
+        self._open: Chunk | None = None
         self._pieces: list[bytes] = []
         self._size = 0
 
-    def add(self, chunk: pb.Chunk) -> Payload | None:
+    def add(self, chunk: Chunk) -> Payload | None:
         """Check one chunk; return the payload it completes, if any."""
         self._check_envelope(chunk)
         self._check_continuity(chunk)
@@ -113,13 +98,13 @@ class Assembler:
             return None
         data = b"".join(self._pieces)
         self._open, self._pieces, self._size = None, [], 0
-        return Payload(chunk.tensor, shard_from_chunk(chunk), chunk.codec, data)
+        return Payload(chunk.tensor, chunk.shard, chunk.codec, data)
 
     @property
     def mid_payload(self) -> bool:
         return self._open is not None
 
-    def _check_envelope(self, chunk: pb.Chunk) -> None:
+    def _check_envelope(self, chunk: Chunk) -> None:
         if chunk.kind != self.kind:
             raise ProtocolError(f"chunk kind {chunk.kind} where kind {self.kind} was expected")
         if chunk.round != self.round:
@@ -138,17 +123,17 @@ class Assembler:
         if not 0 <= chunk.part < chunk.parts:
             raise ProtocolError(f"chunk part {chunk.part} of {chunk.parts} is out of range")
 
-    def _check_continuity(self, chunk: pb.Chunk) -> None:
+    def _check_continuity(self, chunk: Chunk) -> None:
         prev = self._open
         if prev is None:
             if chunk.part != 0:
                 raise ProtocolError(f"payload starts at part {chunk.part}, not 0")
             return
-        same = (prev.tensor, prev.codec, prev.parts, shard_from_chunk(prev)) == (
+        same = (prev.tensor, prev.codec, prev.parts, prev.shard) == (
             chunk.tensor,
             chunk.codec,
             chunk.parts,
-            shard_from_chunk(chunk),
+            chunk.shard,
         )
         if not same or chunk.part != prev.part + 1:
             raise ProtocolError(

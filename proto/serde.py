@@ -1,18 +1,52 @@
-"""Every conversion between protobuf messages and our own objects, in one place."""
+"""Every conversion between protobuf messages and our own objects, in one place.
+
+The rest of skyfed works on the dataclasses of ``skyfed/wire.py`` and
+``coordinator/status.py``; the servicer, the agent's link and the admin client call these
+at the stream. Our field names are the messages' own, so most conversions copy by name
+(:func:`_to_proto`, :func:`_from_proto`) and say only what differs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
 
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from skyfed.compression.monitor import Window
+from skyfed.coordinator.status import AgentStatus, RoundStats, Status
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
+from skyfed.wire import (
+    AgentMessage,
+    Announce,
+    Chunk,
+    CoordinatorMessage,
+    Heartbeat,
+    Hello,
+    ProbeOffer,
+    Receipt,
+    RoundEnd,
+    ShardCoords,
+    WeightsEnd,
+    Welcome,
+)
 
-# What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
-# optimizer steps, or a momentum-corrected gradient step (skyfed.agent.momentum).
-EXCHANGES = ("delta", "gradient")
 
-# A shard is (dim, offset, length) along one dimension of a logical tensor; None is whole.
-ShardCoords = tuple[int, int, int] | None
+def _to_proto(message: type[Message], obj: Any, **differ: Any) -> Any:
+    """``message`` with every field of ``obj`` it shares by name; ``differ`` overrides."""
+    known = message.DESCRIPTOR.fields_by_name
+    values = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name in known}
+    return message(**{**values, **differ})
+
+
+def _from_proto(cls: Any, message: Message, **differ: Any) -> Any:
+    """A ``cls`` from every field of ``message`` it shares by name; ``differ`` overrides."""
+    known = message.DESCRIPTOR.fields_by_name
+    shared = [f.name for f in fields(cls) if f.name in known and f.name not in differ]
+    return cls(**{n: getattr(message, n) for n in shared}, **differ)
 
 
 def specs_to_proto(spec: Sequence[TensorInfo]) -> list[pb.TensorSpec]:
@@ -27,7 +61,130 @@ def shard_to_proto(shard: ShardCoords) -> pb.Shard | None:
     return None if shard is None else pb.Shard(dim=shard[0], offset=shard[1], length=shard[2])
 
 
-def shard_from_chunk(chunk: pb.Chunk) -> ShardCoords:
+def shard_from_proto(chunk: pb.Chunk) -> ShardCoords:
     if not chunk.HasField("shard"):
         return None
     return (chunk.shard.dim, chunk.shard.offset, chunk.shard.length)
+
+
+def chunk_to_proto(c: Chunk) -> pb.Chunk:
+    return _to_proto(pb.Chunk, c, shard=shard_to_proto(c.shard))
+
+
+def chunk_from_proto(c: pb.Chunk) -> Chunk:
+    return _from_proto(Chunk, c, shard=shard_from_proto(c))
+
+
+# ---- the session stream --------------------------------------------------------------------
+
+
+def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
+    if isinstance(m, Chunk):
+        return pb.AgentMessage(chunk=chunk_to_proto(m))
+    if isinstance(m, Heartbeat):
+        return pb.AgentMessage(heartbeat=_to_proto(pb.Heartbeat, m))
+    if isinstance(m, Announce):
+        return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m))
+    return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
+
+
+def agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
+    """Our message, or None for an empty or unknown body."""
+    kind = m.WhichOneof("body")
+    if kind == "chunk":
+        return chunk_from_proto(m.chunk)
+    if kind == "heartbeat":
+        return _from_proto(Heartbeat, m.heartbeat)
+    if kind == "contribution":
+        return _from_proto(Announce, m.contribution)
+    if kind == "hello":
+        h = m.hello
+        return _from_proto(
+            Hello,
+            h,
+            tensors=specs_from_proto(h.tensors),
+            codecs=tuple(h.codecs),
+            exchanges=tuple(h.exchanges),
+        )
+    return None
+
+
+def _welcome_to_proto(w: Welcome) -> pb.Welcome:
+    out = _to_proto(pb.Welcome, w)
+    if w.probe is not None:
+        out.probe_port, out.probe_key, out.probe_id = w.probe.port, w.probe.key, w.probe.probe_id
+        out.probe_interval_ms = w.probe.interval_ms
+    return out
+
+
+def _welcome_from_proto(w: pb.Welcome) -> Welcome:
+    probe = None
+    if w.probe_port:
+        probe = ProbeOffer(w.probe_port, w.probe_key, w.probe_id, w.probe_interval_ms)
+    return _from_proto(Welcome, w, probe=probe)
+
+
+# Our coordinator messages, the ``CoordinatorMessage.body`` field each travels in, its type.
+_BODIES: dict[type, tuple[str, type[Message]]] = {
+    Receipt: ("receipt", pb.Receipt),
+    RoundEnd: ("round_end", pb.RoundEnd),
+    WeightsEnd: ("weights_end", pb.WeightsEnd),
+    Heartbeat: ("heartbeat", pb.Heartbeat),
+}
+
+
+def coordinator_message_to_proto(m: CoordinatorMessage) -> pb.CoordinatorMessage:
+    if isinstance(m, Chunk):
+        return pb.CoordinatorMessage(chunk=chunk_to_proto(m))
+    if isinstance(m, Welcome):
+        return pb.CoordinatorMessage(welcome=_welcome_to_proto(m))
+    body, inner = _BODIES[type(m)]
+    return pb.CoordinatorMessage(**{body: _to_proto(inner, m)})
+
+
+def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessage | None:
+    """Our message, or None for an empty or unknown body (a newer coordinator's)."""
+    kind = m.WhichOneof("body")
+    if kind == "chunk":
+        return chunk_from_proto(m.chunk)
+    if kind == "welcome":
+        return _welcome_from_proto(m.welcome)
+    for cls, (body, _) in _BODIES.items():
+        if body == kind:
+            return _from_proto(cls, getattr(m, body))
+    return None
+
+
+def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage) -> int:
+    """The message's encoded bytes (what a session's byte counters add)."""
+    return m.ByteSize()
+
+
+# ---- status --------------------------------------------------------------------------------
+
+
+def status_to_proto(s: Status) -> pb.StatusReply:
+    agents = [
+        _to_proto(pb.AgentStatus, a, windows=[_to_proto(pb.LinkWindow, w) for w in a.windows])
+        for a in s.agents
+    ]
+    rounds = [_to_proto(pb.RoundStat, r) for r in s.rounds]
+    return _to_proto(pb.StatusReply, s, agents=agents, rounds=rounds)
+
+
+def status_from_proto(s: pb.StatusReply) -> Status:
+    agents = [
+        _from_proto(AgentStatus, a, windows=[_from_proto(Window, w) for w in a.windows])
+        for a in s.agents
+    ]
+    rounds = [_from_proto(RoundStats, r) for r in s.rounds]
+    return _from_proto(Status, s, agents=agents, rounds=rounds)
+
+
+def status_to_json(s: Status) -> str:
+    """The status file's text: the reply's JSON form, every field present."""
+    return json_format.MessageToJson(status_to_proto(s), always_print_fields_with_no_presence=True)
+
+
+def status_from_json(text: str) -> Status:
+    return status_from_proto(json_format.Parse(text, pb.StatusReply()))

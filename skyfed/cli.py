@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from skyfed.logs import setup_logging
-from skyfed.proto.serde import EXCHANGES
+from skyfed.wire import EXCHANGES
 
 
 @click.group()

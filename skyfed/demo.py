@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,9 +19,11 @@ from rich.table import Table
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
+from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.serde import EXCHANGES
+from skyfed.proto import serde
+from skyfed.validate import require
+from skyfed.wire import EXCHANGES
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -45,17 +46,14 @@ class DemoConfig:
     """Give up if the run takes longer than this."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
-        if self.local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
-        if self.exchange not in EXCHANGES:
-            raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
+        require("demo", self.rounds >= 1, "rounds", self.rounds, ">= 1")
+        require("demo", self.local_steps >= 1, "local_steps", self.local_steps, ">= 1")
+        require("demo", self.exchange in EXCHANGES, "exchange", self.exchange, f"in {EXCHANGES}")
 
 
 @dataclass(slots=True)
 class DemoResult:
-    status: pb.StatusReply
+    status: Status
     reports: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -124,7 +122,7 @@ def _start_coordinator(kids: Children, config: DemoConfig, work: Path) -> int:
 
 def _watch(
     kids: Children, config: DemoConfig, work: Path, address: str, console: Console, started: float
-) -> pb.StatusReply:
+) -> Status:
     """Live progress from ``Status``; the final figures come from the coordinator's file."""
     progress = Progress(
         TextColumn("[bold]rounds"),
@@ -154,7 +152,7 @@ def _watch(
         raise RuntimeError(
             f"coordinator exited with {coordinator.returncode}:\n{kids.log('coordinator')[-2000:]}"
         )
-    final = json_format.Parse((work / "status.json").read_text(), pb.StatusReply())
+    final = serde.status_from_json((work / "status.json").read_text())
     progress.update(task, completed=len(final.rounds))
     return final
 

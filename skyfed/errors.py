@@ -45,7 +45,3 @@ class LateContributionError(FederationError):
 
 class AlreadyContributedError(FederationError):
     """An earlier session of the same identity already contributed to this round."""
-
-
-class SessionReplacedError(FederationError):
-    """A newer session of the same identity took over this one."""

@@ -19,8 +19,8 @@ from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
 from skyfed.compression import make_codec
 from skyfed.coordinator.aggregate import RoundAggregate
-from skyfed.proto.chunks import Payload
 from skyfed.tasks import load_task
+from skyfed.wire import Payload
 
 
 def logical_mean(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:

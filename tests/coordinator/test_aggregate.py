@@ -9,7 +9,7 @@ from skyfed.compression import make_codec
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
-from skyfed.proto.chunks import Payload
+from skyfed.wire import Payload
 
 SPEC = [TensorInfo("w", (6, 4), "float32"), TensorInfo("b", (6,), "float32")]
 FP32 = make_codec("fp32")

@@ -12,9 +12,10 @@ import torch
 from skyfed.compression import make_codec
 from skyfed.fingerprint import model_spec, weights_digest
 from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.chunks import Payload, cut_all
-from skyfed.proto.serde import specs_to_proto
+from skyfed.proto.chunks import cut_all
+from skyfed.proto.serde import chunk_to_proto, specs_to_proto
 from skyfed.tasks import load_task
+from skyfed.wire import ChunkKind, Payload
 
 MAX_CHUNK = 4096
 BAD_TENSOR = 5  # bad data comes after good tensors were already summed
@@ -61,7 +62,8 @@ def contribution(
 ) -> tuple[pb.Contribution, list[pb.Chunk]]:
     fp32 = make_codec("fp32")
     payloads = [Payload(i, None, "fp32", fp32.encode(v)) for i, v in enumerate(values)]
-    chunks = cut_all(payloads, kind=pb.Chunk.GRADIENT, round=round, max_chunk_bytes=MAX_CHUNK)
+    cut = cut_all(payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=MAX_CHUNK)
+    chunks = [chunk_to_proto(c) for c in cut]
     return pb.Contribution(round=round, chunks=len(chunks), samples=SAMPLES), chunks
 
 

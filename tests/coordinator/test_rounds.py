@@ -101,7 +101,7 @@ def test_a_light_broadcast_after_topk_releases_the_backlog_one_update_at_a_time(
     send(lossy, *contribution(big, round=0))
     assert lossy.expect("receipt").receipt.accepted
     lossy.expect("round_end")
-    backlog = [r.clone() for r in running.federation.residual]
+    backlog = [r.clone() for r in running.federation.downlink.residual_list()]
     lossy.close()
     plain = raw_agent(running.port, "gcp-1")
     assert join(plain, "gcp", "gcp-1").codec == "fp32"
@@ -117,7 +117,7 @@ def test_a_light_broadcast_after_topk_releases_the_backlog_one_update_at_a_time(
     for w0, w1, d in bounded:  # at most the update and one update's worth of backlog
         assert (w0 - w1).norm() <= 2.001 * d.norm()
     # Nothing is lost: what moved plus what is still held is both rounds' work.
-    residual = running.federation.residual
+    residual = running.federation.downlink.residual_list()
     weights, _ = model_and_spec()
     for w, w1, b, d, r in zip(
         weights, running.federation.weights, big, deltas(2), residual, strict=True
@@ -135,7 +135,7 @@ def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_ba
     assert lossy.expect("receipt").receipt.accepted
     lossy.expect("round_end")
     assert running.federation.history[-1].downlink_codec == "topk"
-    assert any(r.abs().sum() > 0 for r in running.federation.residual)
+    assert any(r.abs().sum() > 0 for r in running.federation.downlink.residual_list())
     lossy.close()
     plain = raw_agent(running.port, "gcp-1")
     assert join(plain, "gcp", "gcp-1").codec == "fp32"  # this agent cannot decode topk

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from skyfed.compression import codec_names
-from skyfed.coordinator.probe import PROBE, Packet, pack
+from skyfed.coordinator.links import CodecRun
 from skyfed.fingerprint import weights_digest
+from skyfed.probe_packet import PROBE, Packet, pack
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.serde import specs_to_proto
 
@@ -219,7 +220,7 @@ def test_topk_warmup_starts_again_when_a_link_switches_to_topk(serve, raw_agent)
     assert [codec for _, codec, _ in ends] == ["fp16", "topk", "topk", "topk"]
     topk_bytes = [size for _, _, size in ends[1:]]  # the downlink's rounds 2, 3, 4
     assert topk_bytes[0] > 2 * topk_bytes[1] > 4 * topk_bytes[2]
-    assert running.federation.downlink_ran == ("topk", 2)
+    assert running.federation.downlink.run == CodecRun("topk", 2)
 
 
 def test_topk_warmup_goes_on_where_it_was_when_an_agent_reconnects(serve, raw_agent):

@@ -16,6 +16,7 @@ from skyfed.certs.authority import CertificateAuthority
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto.outbox import Outbox
+from skyfed.wire import Chunk
 from tests.conftest import credentials
 
 CHUNKS = 40
@@ -104,7 +105,7 @@ def test_agent_heartbeats_are_not_held_behind_a_gradient_upload(pki, slow_reader
     link = Link(channel)
     try:
         for seq in range(CHUNKS):
-            link.send(pb.AgentMessage(chunk=pb.Chunk(seq=seq, data=bytes(CHUNK_BYTES))))
+            link.send(Chunk(0, 0, 0, None, "", seq, 0, 1, bytes(CHUNK_BYTES), 0))
         link.start_heartbeats(READ_EVERY_S)
         assert servicer.done.wait(timeout=30), "the upload did not finish"
     finally:

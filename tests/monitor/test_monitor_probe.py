@@ -10,15 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from skyfed.agent.probe import ProbeClient
-from skyfed.coordinator.probe import (
-    ECHO,
-    PACKET_BYTES,
-    PROBE,
-    Packet,
-    ProbeEcho,
-    pack,
-    unpack,
-)
+from skyfed.coordinator.probe import ProbeEcho
+from skyfed.probe_packet import ECHO, PACKET_BYTES, PROBE, Packet, pack, unpack
 
 
 @pytest.fixture

@@ -1,0 +1,187 @@
+"""Admission: a hello checked against the certificate and the model; welcome, resync, leave.
+
+A member whose weights are behind (a late join, a reconnect that missed a round) gets the
+current weights right after its welcome, so every member starts the open round from the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+
+from skyfed.compression import make_codec
+from skyfed.errors import (
+    IdentityMismatchError,
+    ModelMismatchError,
+    ProtocolError,
+    UnsupportedExchangeError,
+)
+from skyfed.fingerprint import describe_mismatch
+from skyfed.proto.chunks import cut_all
+from skyfed.wire import (
+    ChunkKind,
+    CoordinatorMessage,
+    Hello,
+    Payload,
+    ProbeOffer,
+    WeightsEnd,
+    Welcome,
+)
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.federation import Federation
+    from skyfed.coordinator.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """Who is a member of ``fed``: joins, leaves, replacements and the silent."""
+
+    def __init__(self, fed: Federation) -> None:
+        self.fed = fed
+
+    def check(self, session: Session, hello: Hello) -> None:
+        """Raise unless ``hello`` agrees with the session's certificate and the model."""
+        fed, ident = self.fed, session.identity
+        if ident.role != "agent":
+            raise IdentityMismatchError(f"certificate {ident.uri} is not an agent's")
+        if (hello.cloud, hello.name) != (ident.cloud, ident.name):
+            raise IdentityMismatchError(
+                f"hello claims cloud={hello.cloud!r} name={hello.name!r} but the certificate "
+                f"says cloud={ident.cloud!r} name={ident.name!r}"
+            )
+        if hello.tensors != fed.spec:
+            raise ModelMismatchError(
+                f"model fingerprint differs from the federation's ({fed.config.task}, "
+                f"{fed.digest}): {describe_mismatch(fed.spec, hello.tensors)}"
+            )
+        offered = list(hello.exchanges) or ["delta"]  # agents from before the field
+        if fed.config.exchange not in offered:
+            raise UnsupportedExchangeError(
+                f"this federation exchanges {fed.config.exchange!r}; the agent offers "
+                f"{offered} (upgrade it)"
+            )
+
+    def join(self, session: Session, hello: Hello) -> None:
+        """Check a hello; welcome the session (with the weights if it is behind) or raise."""
+        self.check(session, hello)
+        fed = self.fed
+        with fed.cond:
+            self._replace_existing(session)
+            session.codecs = frozenset(hello.codecs)
+            fed.links.open(session, fed.round)
+            session.tp = max(1, hello.tp)
+            behind = (
+                fed.finished  # the final weights follow, and tell it to stop
+                or hello.last_round != fed.round - 1
+                or hello.weights_digest != fed.weights_digest
+            )
+            fed.sessions[session.key] = session
+            session.state = "syncing" if behind else "idle"
+            session.send(self._welcome(session, behind))
+            if behind:
+                for message in self.weights_messages():
+                    session.send(message)
+            session.state = "idle"
+            log.info(
+                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s tp=%d",
+                session.identity.uri,
+                fed.round,
+                behind,
+                session.codec,
+                session.tp,
+            )
+            fed.cond.notify_all()
+
+    def _replace_existing(self, session: Session) -> None:
+        old = self.fed.sessions.get(session.key)
+        if old is not None and old is not session:
+            self.forget(old)
+            old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
+
+    def _welcome(self, session: Session, weights_follow: bool) -> Welcome:
+        fed = self.fed
+        probe = None
+        link = fed.links.get(session)
+        if fed.links.echo is not None and link is not None and link.probe is not None:
+            probe = ProbeOffer(
+                port=fed.links.echo.port,
+                key=link.probe.key,
+                probe_id=link.probe.probe_id,
+                interval_ms=fed.config.probe_interval_ms,
+            )
+        return Welcome(
+            round=fed.round,
+            weights_follow=weights_follow,
+            codec=session.codec,
+            codec_params=fed.links.codec_params(session, fed.round),
+            max_chunk_bytes=fed.config.max_chunk_bytes,
+            heartbeat_ms=fed.config.heartbeat_ms,
+            identity=session.identity.uri,
+            exchange=fed.config.exchange,
+            sgd_lr=fed.config.sgd_lr,
+            sgd_momentum=fed.config.sgd_momentum,
+            probe=probe,
+        )
+
+    def weights_messages(self) -> list[CoordinatorMessage]:
+        """The current weights as FP32 chunks and their end: a member's resync."""
+        fed = self.fed
+        fp32 = make_codec("fp32")
+        payloads = [Payload(i, None, "fp32", fp32.encode(w)) for i, w in enumerate(fed.weights)]
+        chunks = cut_all(
+            payloads,
+            kind=ChunkKind.WEIGHTS,
+            round=fed.round - 1,
+            max_chunk_bytes=fed.config.max_chunk_bytes,
+        )
+        end = WeightsEnd(
+            round=fed.round - 1,
+            chunks=len(chunks),
+            weights_digest=fed.weights_digest,
+            final=fed.finished,
+        )
+        return [*chunks, end]
+
+    def leave(self, session: Session) -> None:
+        fed = self.fed
+        with fed.cond:
+            if fed.sessions.get(session.key) is session:
+                self.forget(session)
+                fed.links.close(session)
+                del fed.sessions[session.key]
+                log.info("[Coordinator.Leave] agent=%s round=%d", session.key, fed.round)
+            fed.cond.notify_all()
+
+    def forget(self, session: Session) -> None:
+        """Withdraw whatever the session had half-sent; it never reaches the aggregate."""
+        if session.inbound is not None:
+            session.inbound.withdraw()
+        session.inbound = None
+        session.state = "disconnected"
+
+    def require_member(self, session: Session) -> None:
+        if self.fed.sessions.get(session.key) is not session:
+            raise ProtocolError("send hello first")
+
+    def expire_silent(self) -> None:
+        """Drop members silent for longer than ``liveness_timeout_s``; the caller holds the lock."""
+        fed = self.fed
+        now = time.monotonic()
+        for s in list(fed.sessions.values()):
+            if now - s.last_seen > fed.config.liveness_timeout_s:
+                log.warning(
+                    "[Coordinator.Liveness] agent=%s silent_s=%.1f", s.key, now - s.last_seen
+                )
+                self.forget(s)
+                fed.links.close(s)
+                del fed.sessions[s.key]
+                s.close(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"no message for {fed.config.liveness_timeout_s} s",
+                )

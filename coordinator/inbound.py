@@ -1,0 +1,201 @@
+"""Contributions in flight: one object per contribution, from its header to its receipt.
+
+A contribution is announced, then arrives chunk by chunk; each whole payload is checked
+outside the lock and added to the round's sum under it; the last chunk commits it and
+earns an accepted receipt. A refused one (late, already counted) gets a refused receipt
+and its chunks are counted off and discarded; one the round closes under is withdrawn,
+so the sum is as if it never came.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from skyfed.coordinator.aggregate import Contribution
+from skyfed.coordinator.status_codes import status_code
+from skyfed.errors import (
+    AlreadyContributedError,
+    FederationError,
+    LateContributionError,
+    ProtocolError,
+)
+from skyfed.proto.chunks import Assembler
+from skyfed.wire import Announce, Chunk, ChunkKind, Receipt
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.federation import Federation
+    from skyfed.coordinator.session import Session
+
+log = logging.getLogger(__name__)
+
+MAX_CHUNKS = 1 << 24
+
+
+@dataclass(eq=False, slots=True)
+class Inbound:
+    """One contribution arriving on one session. Without an ``entry`` it was refused:
+    its ``expected`` chunks of ``round`` are counted off and discarded."""
+
+    round: int
+    expected: int
+    entry: Contribution | None = None
+    """Its entry in the round's aggregate."""
+    assembler: Assembler | None = None
+    seen: int = 0
+    loss: float = 0.0
+    train_s: float = 0.0
+
+    @property
+    def open(self) -> bool:
+        """Accepted and still arriving: its payloads so far are in the round's sum."""
+        return self.entry is not None and not self.entry.done
+
+    @property
+    def left(self) -> int:
+        return self.expected - self.seen
+
+    def discards(self, chunk: Chunk) -> bool:
+        """True, counting it off, for a chunk of this refused contribution."""
+        if self.entry is None and self.seen < self.expected and chunk.round == self.round:
+            self.seen += 1
+            return True
+        return False
+
+    def withdraw(self) -> None:
+        """Take what it added out of the round's sum again (if it is still open)."""
+        if self.open:
+            self.entry.withdraw()
+
+
+class Intake:
+    """Receives every session's contributions into ``fed``'s round aggregate."""
+
+    def __init__(self, fed: Federation) -> None:
+        self.fed = fed
+
+    def begin(self, session: Session, header: Announce) -> None:
+        """Open a contribution; a late one is refused in-band and its chunks discarded."""
+        fed = self.fed
+        with fed.cond:
+            fed.admission.require_member(session)
+            if session.inbound is not None and session.inbound.open:
+                raise ProtocolError("a contribution was announced before the previous one ended")
+            _check(header, fed.round)
+            # A contribution for the round not yet open (waiting for min_agents) is early,
+            # not late: it is summed and counts once the round opens.
+            if header.round < fed.round:
+                late = LateContributionError(
+                    f"round {header.round} closed before this contribution arrived; round "
+                    f"{fed.round} is open (keep it in the error-feedback residual)"
+                )
+                self.refuse(session, header.round, header.chunks, late)
+                return
+            if session.last_round == fed.round:
+                raise ProtocolError(f"a second contribution for round {fed.round}")
+            if session.key in fed.contributed:  # a restarted agent, already counted
+                again = AlreadyContributedError(
+                    f"an earlier session of {session.key} already contributed to round "
+                    f"{fed.round}; drop this work, it would count the same data twice"
+                )
+                self.refuse(session, header.round, header.chunks, again)
+                return
+            session.inbound = Inbound(
+                round=header.round,
+                expected=header.chunks,
+                entry=fed.aggregate.begin(header.samples),
+                assembler=Assembler(
+                    kind=ChunkKind.GRADIENT,
+                    round=header.round,
+                    num_tensors=len(fed.spec),
+                    max_chunk_bytes=fed.config.max_chunk_bytes,
+                    max_payload_bytes=fed.max_payload,
+                ),
+                loss=header.loss,
+                train_s=header.train_s,
+            )
+            session.state = "sending"
+            fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
+            fed.stats.raw_bytes_up += header.raw_bytes
+
+    def refuse(self, session: Session, round_: int, chunks: int, err: FederationError) -> None:
+        """Refuse a contribution in-band: the session goes on, its chunks are discarded.
+        The caller holds the lock."""
+        session.inbound = Inbound(round=round_, expected=chunks)
+        session.refused += 1
+        log.info(
+            "[Coordinator.Refuse] agent=%s round=%d open=%d: %s",
+            session.key,
+            round_,
+            self.fed.round,
+            err,
+        )
+        code = status_code(err).value[0]
+        session.send(Receipt(round=round_, accepted=False, code=code, message=str(err)))
+
+    def chunk(self, session: Session, chunk: Chunk) -> None:
+        """Validate and add one chunk; completes the contribution on its last chunk.
+
+        Runs on the session's reader thread: decoding and checks happen outside the lock,
+        only the addition into the round's sum happens under it.
+        """
+        fed = self.fed
+        session.bytes_up += len(chunk.data)
+        with fed.cond:
+            fed.stats.bytes_up += len(chunk.data)
+            inbound = session.inbound
+            if inbound is not None and inbound.discards(chunk):
+                return
+        if inbound is None or inbound.entry is None or inbound.assembler is None:
+            raise ProtocolError("a chunk arrived outside an announced contribution")
+        payload = inbound.assembler.add(chunk)
+        inbound.seen += 1
+        if payload is not None:
+            values = inbound.entry.check(payload)
+            with fed.cond:
+                inbound.entry.apply(payload, values)
+        if inbound.seen == inbound.expected:
+            if inbound.assembler.mid_payload:
+                raise ProtocolError("the contribution's last chunk ends inside a payload")
+            self._finish(session, inbound)
+
+    def _finish(self, session: Session, inbound: Inbound) -> None:
+        fed = self.fed
+        with fed.cond:
+            if not inbound.open:
+                return  # withdrawn meanwhile: the round closed under it and it was refused
+            inbound.entry.commit()
+            session.inbound = None
+            session.last_round = inbound.round
+            fed.links.get(session).upload_done(session.bytes_up, time.monotonic(), inbound.train_s)
+            session.state = "idle"
+            fed.contributed.add(session.key)
+            fed.rounds.contributed(inbound.loss, inbound.train_s)
+            session.send(Receipt(round=session.last_round, accepted=True))
+            fed.cond.notify_all()
+
+    def withdraw_all(self) -> None:
+        """The round closes: anything half-sent is late, taken out before the mean."""
+        fed = self.fed
+        for s in fed.sessions.values():
+            inbound = s.inbound
+            if inbound is not None and inbound.open:
+                fed.admission.forget(s)
+                s.state = "idle"
+                late = LateContributionError(
+                    f"round {fed.round} closed while this contribution was arriving"
+                )
+                self.refuse(s, fed.round, inbound.left, late)
+
+
+def _check(header: Announce, open_round: int) -> None:
+    if header.round > open_round or header.round < 0:
+        raise ProtocolError(
+            f"contribution for round {header.round}, but round {open_round} is open"
+        )
+    if header.chunks < 1 or header.chunks > MAX_CHUNKS:
+        raise ProtocolError(f"contribution announces {header.chunks} chunks")
+    if header.samples < 1:
+        raise ProtocolError(f"a contribution must count at least 1 sample, got {header.samples}")

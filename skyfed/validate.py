@@ -1,0 +1,10 @@
+"""The one check every configuration dataclass's ``__post_init__`` uses."""
+
+from __future__ import annotations
+
+
+def require(component: str, ok: bool, field: str, value: object, what: str) -> None:
+    """Unless ``ok``, raise the one-line ``ValueError`` a user can act on:
+    ``"<component> option <field>=<value> must be <what>"``."""
+    if not ok:
+        raise ValueError(f"{component} option {field}={value!r} must be {what}")

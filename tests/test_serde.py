@@ -1,0 +1,85 @@
+"""Every protocol message and the status survive the trip through protobuf unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from skyfed.compression.monitor import Window
+from skyfed.coordinator.status import AgentStatus, RoundStats, Status
+from skyfed.fingerprint import TensorInfo
+from skyfed.proto import serde
+from skyfed.wire import (
+    Announce,
+    Chunk,
+    Heartbeat,
+    Hello,
+    ProbeOffer,
+    Receipt,
+    RoundEnd,
+    WeightsEnd,
+    Welcome,
+)
+
+WELCOME = dict(
+    round=4,
+    weights_follow=True,
+    codec="topk",
+    codec_params='{"density": 0.5}',
+    max_chunk_bytes=1 << 20,
+    heartbeat_ms=500,
+    identity="spiffe://skyfed/aws/aws-1",
+    exchange="delta",
+    sgd_lr=0.25,
+    sgd_momentum=0.5,
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Welcome(**WELCOME, probe=ProbeOffer(5000, b"k" * 32, b"i" * 8, 50)),
+        Welcome(**WELCOME),
+        Chunk(1, 2, 3, (0, 8, 16), "fp16", 4, 0, 2, b"\x00\x01", 12345),
+        Chunk(2, 0, 0, None, "fp32", 0, 0, 1, b"", 0),
+        Receipt(3, False, 10, "round 3 closed"),
+        RoundEnd(1, 7, "ab" * 32, 3, 0.5, "ecsgd", '{"bits": 2}', True),
+        WeightsEnd(-1, 9, "cd" * 32, False),
+        Heartbeat(10, 20, 1.5, 7, 1),
+    ],
+)
+def test_coordinator_messages_survive_protobuf(message):
+    wire = serde.coordinator_message_to_proto(message)
+    assert serde.coordinator_message_from_proto(wire) == message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Hello(
+            "aws",
+            "aws-1",
+            "chargpt",
+            [TensorInfo("w", (4, 2), "float32")],
+            2,
+            ("fp32", "topk"),
+            -1,
+            "ef" * 32,
+            ("delta", "gradient"),
+        ),
+        Announce(5, 12, 64, 2.5, 0.125, 4096),
+        Heartbeat(sent_ns=99, rtt_ms=3.0, probes_settled=4, probes_lost=2),
+        Chunk(0, 5, 1, None, "topk", 0, 0, 1, b"x", 1),
+    ],
+)
+def test_agent_messages_survive_protobuf(message):
+    assert serde.agent_message_from_proto(serde.agent_message_to_proto(message)) == message
+
+
+def test_status_survives_its_json_file():
+    window = Window(0.5, 12.0, 1.0, 10, 1, 80.0)
+    agent = AgentStatus(
+        "aws", "aws-1", "idle", 3, "fp16", 12.0, 100, 200, 9.5, 1, 0, 0.5, 1.0, 80.0, [window]
+    )
+    stats = RoundStats(3, duration_s=1.5, train_s=1.0, contributors=2, mean_loss=2.5)
+    status = Status(4, [agent], "ab" * 32, 30.0, [stats], False, "gradient")
+    assert serde.status_from_json(serde.status_to_json(status)) == status
