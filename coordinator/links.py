@@ -74,7 +74,7 @@ class LinkState:
     ) -> None:
         self.policy, self.profiles = policy, profiles
         self.streams_config = streams or StreamsConfig()
-        self.streams = StreamsState()
+        self.streams = StreamsState(streams=self.streams_config.min_streams)
         """How many connections the policy wants the link's session on, and its probe.
         Kept across the agent's sessions, as the codec is."""
         self.streams_decided: stream_policy.Decision | None = None
