@@ -67,7 +67,7 @@ class Stripes:
     def resize(self, streams: int) -> None:
         """Open or close lanes until the session stripes over ``streams`` connections."""
         with self._lock:
-            if self._closed:
+            if self._closed or 1 + len(self._open) == max(1, streams):
                 return
             while 1 + len(self._open) < streams:
                 self._start()

@@ -103,8 +103,8 @@ def status(address: str, certs: Path, name: str, as_json: bool, windows: bool) -
 
     reply = fetch_status(address, certs, name, windows=windows)
     if as_json:
-        from google.protobuf.json_format import MessageToJson
+        from skyfed.proto import serde
 
-        click.echo(MessageToJson(reply))
+        click.echo(serde.status_to_json(reply))
     else:
         render_status(reply)

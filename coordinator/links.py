@@ -274,6 +274,9 @@ class Links:
         if link is None or sent is None or not (timing.up_s >= 0 and timing.down_s >= 0):
             return None
         stats = link.stats()
+        rtt_ms = stats.rtt_ms
+        if not math.isfinite(rtt_ms) and link.monitor.rtt_samples:
+            rtt_ms = link.monitor.rtt_samples[-1][1]  # no window closed yet: the latest
         exchange = Exchange(
             round=timing.round,
             up_s=timing.up_s,
@@ -285,7 +288,7 @@ class Links:
         )
         e = assess(
             exchange,
-            rtt_ms=stats.rtt_ms,
+            rtt_ms=rtt_ms,
             loss_pct=stats.loss_pct,
             rate_mbit=rate_mbit or link.best_mbit,
             max_streams=self.streams_config.max_streams,

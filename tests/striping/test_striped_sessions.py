@@ -15,10 +15,12 @@ import torch
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.link import Link, open_channel
 from skyfed.compression import decode_payload, make_codec
+from skyfed.coordinator.admin import efficiency_table
 from skyfed.coordinator.streams import StreamsConfig
 from skyfed.fingerprint import weights_digest
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
 from skyfed.proto.chunks import Assembler, cut_all
 from skyfed.wire import (
     Announce,
@@ -158,8 +160,22 @@ def test_each_stripe_is_its_own_tcp_connection_of_the_one_session(serve, pki, re
         assert_round_exact(running, link, seed=1)
         assert len(relay.connections) == STREAMS  # one TCP connection per stripe
         assert all(c.up_bytes > CHUNK for c in relay.connections)  # each carried chunks
+        (session,) = running.federation.sessions.values()
+        monitor = running.federation.links.get(session).monitor
+        deadline = time.monotonic() + 10
+        while not monitor.rtt_samples and time.monotonic() < deadline:
+            time.sleep(0.05)  # the floor needs a round trip; heartbeats bring the first
+        contribute(link, seed=3, round_=1)  # carries round 0's timing
+        assert expect(link, Receipt).accepted
         status = running.federation.status()
         assert [(a.name, a.streams) for a in status.agents] == [("aws-1", STREAMS)]
+        (e,) = status.rounds[0].links
+        assert (e.name, e.round, e.streams) == ("aws-1", 0, STREAMS)
+        assert e.floor_s > 0 and e.exchange_s > 0  # loopback: no claim about their ratio
+        assert e.ratio == pytest.approx(e.exchange_s / e.floor_s)
+        assert status.agents[0].efficiency == e
+        assert "floorS" in serde.status_to_json(status)
+        assert efficiency_table(status) is not None
     finally:
         link.close()
 
