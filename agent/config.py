@@ -59,6 +59,9 @@ class AgentConfig:
     """Write a JSON report (round, weights digest, bytes, loss) here after every round."""
     threads: int = 1
     """torch intra-op threads for local training."""
+    max_streams: int = 16
+    """Most TCP connections this agent stripes its session over; the coordinator picks
+    each link's N within it and its own bound (1: one plain stream; docs/striping.md)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -73,6 +76,7 @@ class AgentConfig:
             (self.reconnect_max_s >= self.reconnect_initial_s, "reconnect_max_s", ">= initial"),
             (":" in self.coordinator, "coordinator", "HOST:PORT"),
             (self.threads >= 1, "threads", ">= 1"),
+            (1 <= self.max_streams <= 64, "max_streams", "in 1..64"),
             (self.device in DEVICES, "device", " or ".join(DEVICES)),
         ]
         for ok, field, what in checks:

@@ -19,14 +19,15 @@ import grpc
 
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
-from skyfed.proto.stripes import Lane, Merge
+from skyfed.proto.outbox import StripeLane
+from skyfed.proto.stripes import Merge
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Open:
-    lane: Lane
+    lane: StripeLane
     channel: grpc.Channel
     call: grpc.Call
     reader: threading.Thread
@@ -44,7 +45,7 @@ class Stripes:
     def __init__(
         self,
         dial: Callable[[], grpc.Channel],
-        open_lane: Callable[[], Lane],
+        open_lane: Callable[[], StripeLane],
         merge: Merge,
         token: bytes,
         fail: Callable[[grpc.StatusCode, str], None],
@@ -66,7 +67,7 @@ class Stripes:
     def resize(self, streams: int) -> None:
         """Open or close lanes until the session stripes over ``streams`` connections."""
         with self._lock:
-            if self._closed:
+            if self._closed or 1 + len(self._open) == max(1, streams):
                 return
             while 1 + len(self._open) < streams:
                 self._start()
@@ -94,7 +95,7 @@ class Stripes:
         self._open[lane.index] = _Open(lane, channel, call, reader)
         reader.start()
 
-    def _requests(self, lane: Lane) -> Iterator[pb.AgentMessage]:
+    def _requests(self, lane: StripeLane) -> Iterator[pb.AgentMessage]:
         yield pb.AgentMessage(stripe_join=pb.StripeJoin(token=self.token))
         yield from lane
 

@@ -38,7 +38,7 @@ def agents_table(reply: Status) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    headers = ("agent", "state", "codec", "sw", "round", "rtt", "loss%")
+    headers = ("agent", "state", "codec", "sw", "N", "round", "rtt", "loss%")
     for col in (*headers, "Mb/s", "up MB", "dn MB"):
         left = col in ("agent", "state", "codec")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
@@ -48,6 +48,7 @@ def agents_table(reply: Status) -> Table:
             a.state,
             a.codec,
             str(a.codec_switches),
+            str(a.streams),
             str(a.last_round),
             f"{a.rtt_ms:.1f}",
             f"{a.loss_pct:.2f}",
@@ -55,9 +56,40 @@ def agents_table(reply: Status) -> Table:
             f"{a.bytes_up / 1e6:.1f}",
             f"{a.bytes_down / 1e6:.1f}",
         )
-    table.caption = "rtt in ms; sw: codec switches; Mb/s: goodput; jitter, refusals: --json"
+    table.caption = (
+        "rtt in ms; sw: codec switches; N: TCP connections; Mb/s: goodput; jitter, refusals: --json"
+    )
+    return table
+
+
+def efficiency_table(reply: Status) -> Table | None:
+    """Each link's latest timed exchange against its floor, RTT + bytes / rate
+    (docs/striping.md); None before any agent has timed one."""
+    timed = [a for a in reply.agents if a.efficiency is not None]
+    if not timed:
+        return None
+    table = Table(title="exchange against the floor", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("agent", "round", "exch s", "floor s", "ratio", "N", "limit"):
+        table.add_column(col, justify="left" if col in ("agent", "limit") else "right")
+    for a in timed:
+        e = a.efficiency
+        assert e is not None
+        table.add_row(
+            a.name,
+            str(e.round),
+            f"{e.exchange_s:.2f}",
+            f"{e.floor_s:.2f}",
+            f"{e.ratio:.1f}x",
+            str(e.streams),
+            e.limit or "-",
+        )
+    table.caption = "floor at each link's rate (link_rate_mbit, else its best goodput)"
     return table
 
 
 def render_status(reply: Status) -> None:
-    Console().print(agents_table(reply))
+    console = Console()
+    console.print(agents_table(reply))
+    links = efficiency_table(reply)
+    if links is not None:
+        console.print(links)

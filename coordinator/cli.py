@@ -51,6 +51,15 @@ def main() -> None:
 )
 @click.option("--sgd-lr", type=float, help="--exchange gradient: the SGD step size.")
 @click.option("--sgd-momentum", type=float, help="--exchange gradient: the SGD momentum.")
+@click.option(
+    "--max-streams",
+    "streams",
+    type=int,
+    help="Most TCP connections one agent's session stripes over (1: never stripe).",
+)
+@click.option(
+    "--link-rate-mbit", type=float, help="The links' physical rate, for the floors in status."
+)
 @click.option("--heartbeat-ms", type=int, help="Agents' heartbeat interval.")
 @click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
 @click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")
@@ -94,8 +103,8 @@ def status(address: str, certs: Path, name: str, as_json: bool, windows: bool) -
 
     reply = fetch_status(address, certs, name, windows=windows)
     if as_json:
-        from google.protobuf.json_format import MessageToJson
+        from skyfed.proto import serde
 
-        click.echo(MessageToJson(reply))
+        click.echo(serde.status_to_json(reply))
     else:
         render_status(reply)

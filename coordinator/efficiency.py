@@ -53,6 +53,9 @@ class Efficiency:
     streams: int
     limit: str
     """What holds the exchange above its floor ("" when within :data:`HIGH_RATIO`)."""
+    cloud: str = ""
+    name: str = ""
+    """The agent whose link it is (filled in by the coordinator for status)."""
 
 
 def floor_s(rtt_ms: float, nbytes: int, rate_mbit: float) -> float:

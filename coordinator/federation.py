@@ -59,7 +59,11 @@ class Federation:
         self.round_open = False
         self.max_payload = max_payload_bytes(self.spec)
         self.links = Links(
-            config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
+            config.codec,
+            config.policy,
+            config.monitor,
+            [t.numel for t in self.spec],
+            config.streams,
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
         self.admission = Admission(self)

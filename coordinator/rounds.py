@@ -127,6 +127,7 @@ class Rounds:
             for chunk in chunks:
                 s.send(chunk)
             fed.links.boundary(s, fed.round + 1)
+            streams = fed.links.streams_at_boundary(s)
             s.send(
                 RoundEnd(
                     round=fed.round,
@@ -137,9 +138,12 @@ class Rounds:
                     codec=s.codec,
                     codec_params=fed.links.codec_params(s, fed.round + 1),
                     final=final,
+                    streams=streams if s.stripe_token else 0,
                 )
             )
             fed.stats.bytes_down += s.bytes_down - before
+            if fed.round in s.transfers:
+                s.transfers[fed.round][1] = s.bytes_down - before
 
     def _record(self, codec_name: str, contributors: int) -> None:
         """Close the round's stats; ``bytes_down`` is added by the broadcast that follows."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from skyfed.compression.monitor import Window
+from skyfed.coordinator.efficiency import Efficiency
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
@@ -28,6 +29,9 @@ class RoundStats:
     raw_bytes_up: int = 0
     raw_bytes_down: int = 0
     downlink_codec: str = ""
+    links: list[Efficiency] = field(default_factory=list)
+    """Each link's exchange against its floor, once its agent timed it (its next
+    contribution reports it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,11 @@ class AgentStatus:
     goodput_mbit: float
     windows: list[Window] = field(default_factory=list)
     """The link monitor's closed windows, oldest first (only when asked for)."""
+    streams: int = 1
+    """Connections its session stripes over now (docs/striping.md)."""
+    stream_switches: int = 0
+    efficiency: Efficiency | None = None
+    """Its latest timed exchange against the link's floor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,7 @@ def build_status(fed: Federation, windows: bool = False) -> Status:
         agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()],
         weights_digest=fed.weights_digest,
         uptime_s=now - fed.started_at,
-        rounds=[replace(r) for r in fed.history],
+        rounds=[replace(r, links=list(r.links)) for r in fed.history],
         finished=fed.finished,
         exchange=fed.config.exchange,
     )
@@ -94,6 +103,9 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         jitter_ms=s.jitter_ms,
         goodput_mbit=s.goodput_mbit,
         windows=_windows(fed, s) if windows else [],
+        streams=s.connections,
+        stream_switches=s.stream_switches,
+        efficiency=s.efficiency,
     )
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from skyfed.validate import require
+
 MATHIS_C = math.sqrt(1.5)
 """Mathis's constant for periodic loss with delayed ACKs off (1.22)."""
 
@@ -27,6 +29,9 @@ class StreamsConfig:
     """Most TCP connections one agent's session may stripe its chunks over (1: never
     stripe, every session is one plain stream). See ``docs/striping.md`` for the
     measurements behind the default."""
+    min_streams: int = 1
+    """Fewest connections a striping session runs on, and where a new link starts
+    (``min_streams = max_streams`` fixes N)."""
     grow_pct: float = 15.0
     """A probe to more streams is kept only if the link's goodput grew by at least this
     much; a probe to fewer is kept if it fell by less."""
@@ -42,13 +47,19 @@ class StreamsConfig:
     """TCP segment payload the model assumes (1500-byte MTU, IPv4, timestamps)."""
 
     def __post_init__(self) -> None:
-        _require(1 <= self.max_streams <= 64, "max_streams", self.max_streams, "in 1..64")
-        _require(0 < self.grow_pct < 100, "grow_pct", self.grow_pct, "in (0, 100)")
+        require("streams", 1 <= self.max_streams <= 64, "max_streams", self.max_streams, "in 1..64")
+        least = self.min_streams
+        require(
+            "streams", 1 <= least <= self.max_streams, "min_streams", least, "in 1..max_streams"
+        )
+        require("streams", 0 < self.grow_pct < 100, "grow_pct", self.grow_pct, "in (0, 100)")
         frac, idle = self.loss_limited_frac, self.idle_frac
-        _require(0 < frac <= 1, "loss_limited_frac", frac, "in (0, 1]")
-        _require(0 <= idle < frac, "idle_frac", idle, "in [0, loss_limited_frac)")
-        _require(self.hold_transfers >= 0, "hold_transfers", self.hold_transfers, ">= 0")
-        _require(500 <= self.mss_bytes <= 9000, "mss_bytes", self.mss_bytes, "in 500..9000")
+        require("streams", 0 < frac <= 1, "loss_limited_frac", frac, "in (0, 1]")
+        require("streams", 0 <= idle < frac, "idle_frac", idle, "in [0, loss_limited_frac)")
+        require("streams", self.hold_transfers >= 0, "hold_transfers", self.hold_transfers, ">= 0")
+        require(
+            "streams", 500 <= self.mss_bytes <= 9000, "mss_bytes", self.mss_bytes, "in 500..9000"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +143,8 @@ def step(
         to = min(config.max_streams, 2 * n)
         probe = StreamsState(streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
         return decide(probe, f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap")
-    if n > 1 and each < config.idle_frac * cap:
-        to = max(1, n // 2)
+    if n > config.min_streams and each < config.idle_frac * cap:
+        to = max(config.min_streams, n // 2)
         probe = StreamsState(streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
         return decide(probe, f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap")
     return decide(state, "steady")
-
-
-def _require(ok: bool, name: str, value: object, what: str) -> None:
-    if not ok:
-        raise ValueError(f"streams option {name}={value!r} must be {what}")

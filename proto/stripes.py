@@ -230,7 +230,7 @@ class Merge(Generic[T]):
             raise ValueError(f"max_held_bytes must be positive, got {max_held_bytes}")
         self.deliver = deliver
         self.max_held_bytes = max_held_bytes
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # ``deliver`` may read ``received``
         self._held: dict[int, tuple[T, int]] = {}
         self._held_bytes = 0
         self._received = 0

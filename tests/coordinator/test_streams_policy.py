@@ -4,9 +4,15 @@ streams should help, the measured goodput says whether they did."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
+from skyfed.certs.identity import Identity
+from skyfed.compression.monitor import MonitorConfig
+from skyfed.compression.policy import PolicyConfig
+from skyfed.coordinator.links import Links
+from skyfed.coordinator.session import Session
 from skyfed.coordinator.streams import (
     StreamsConfig,
     StreamsState,
@@ -92,3 +98,29 @@ def test_bad_streams_options_name_the_field():
         StreamsConfig(max_streams=0)
     with pytest.raises(ValueError, match="idle_frac"):
         StreamsConfig(idle_frac=0.6)
+
+
+def test_a_links_change_of_n_is_logged_with_its_figures_and_counted_at_the_boundary(caplog):
+    """The coordinator's side: uploads on a loss-limited link move its N up, and the round
+    boundary logs the change with the figures that chose it, as a codec switch is."""
+    links = Links("fp16", PolicyConfig(), MonitorConfig(), [1000], StreamsConfig(max_streams=8))
+    ident = Identity(trust_domain="skyfed.local", role="agent", name="aws-1", cloud="aws")
+    session = Session(ident, "ipv4:127.0.0.1:1")
+    session.stripe_token, session.max_streams = b"t" * 16, 8
+    link = links.open(session, 0)
+    t0 = time.monotonic()
+    link.monitor.add_rtt(t0, 120.0)
+    link.monitor.add_probes(t0, 1000, 10)  # ~0.5 % one way
+    link.monitor.poll(t0 + 10.0)
+    cap_mbit = mathis_mbit(120.0, link.stats().loss_pct)
+    nbytes = int(cap_mbit * 1e6 / 8)  # one second at one stream's cap
+    link.upload_begins(0, t0 + 100.0)
+    link.upload_done(nbytes, t0 + 101.0, connections=1)
+    with caplog.at_level("INFO", logger="skyfed.coordinator.links"):
+        assert links.streams_at_boundary(session) == 2
+    assert session.streams == 2 and session.stream_switches == 1
+    (line,) = [r.getMessage() for r in caplog.records if "[Coordinator.Streams]" in r.getMessage()]
+    assert "from=1 to=2" in line and "rtt_ms=120.0" in line and "cap_mbit=" in line
+    link.upload_begins(nbytes, t0 + 200.0)
+    link.upload_done(nbytes + 2 * nbytes, t0 + 201.0, connections=2)  # twice the goodput: kept
+    assert links.streams_at_boundary(session) == 4

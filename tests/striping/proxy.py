@@ -35,6 +35,8 @@ class CuttingRelay:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections: list[Relayed] = []
+        self._armed: dict[int, tuple[int | None, int | None]] = {}
+        self.cut_done = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -65,19 +67,35 @@ class CuttingRelay:
                         conn.up_bytes += len(data)
                     else:
                         conn.down_bytes += len(data)
+                    up_at, down_at = self._armed.get(conn.index, (None, None))
+                    due = (up_at is not None and conn.up_bytes >= up_at) or (
+                        down_at is not None and conn.down_bytes >= down_at
+                    )
+                if due and not conn.cut:
+                    self.cut(conn.index)
+                    return
         except OSError:
             pass
         for s in (dst, src):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
+    def arm(
+        self, index: int, *, up_bytes: int | None = None, down_bytes: int | None = None
+    ) -> None:
+        """Reset connection ``index`` (counted from 0 in arrival order) once it has carried
+        ``up_bytes`` towards the coordinator or ``down_bytes`` back: mid-transfer."""
+        self._armed[index] = (up_bytes, down_bytes)
+
     def cut(self, index: int) -> None:
         """Reset connection ``index`` on both sides at once (RST, nothing more delivered)."""
         conn = self.connections[index]
         conn.cut = True
         for s in (conn.client, conn.upstream):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            s.close()
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+        self.cut_done.set()
 
     def close(self) -> None:
         self._closed = True
