@@ -28,10 +28,13 @@ def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
     for report in check_lab(lab, CheckSettings(probes=2000, rate_duration_s=1.0)):
         print(report.summary())
     status = tmp_path / "status.json"
-    spec = FederationSpec(
-        rounds=10,
+    spec = FederationSpec(  # FP32 chargpt: 548 kB each way a round
+        rounds=8,
         round_deadline_s=300.0,
-        coordinator_args=("--codec", "fp16", "--status-file", str(status)),
+        coordinator_args=(
+            *("--codec", "fp32", "--max-streams", "16", "--link-rate-mbit", "100"),
+            *("--status-file", str(status)),
+        ),
     )
     fed = Federation(lab, spec, tmp_path)
     fed.start()
