@@ -105,9 +105,10 @@ class Spread(Generic[T]):
                 position = self._position
             if kind is Kind.CONTROL or not self.ordered:
                 self._control.append((position, item))
+                self._ready.notify_all()  # the primary must wake
             else:
                 heapq.heappush(self._chunks, (position, position, item))
-            self._ready.notify_all()
+                self._ready.notify()  # any one lane can take it (16 waking per chunk cost CPU)
             return position
 
     def acked(self, position: int) -> None:
@@ -141,6 +142,7 @@ class Spread(Generic[T]):
             with self._ready:
                 self._ready.wait_for(lambda: self._has_work(index))
                 if index not in self._live:
+                    self._ready.notify()  # a chunk's wake-up may have been meant for us
                     return
                 taken = self._take(index)
                 if taken is None:
