@@ -154,7 +154,7 @@ class Link:
 
     def encoded(self, round_: int, seconds: float) -> None:
         """The contribution of ``round_`` took ``seconds`` to encode (its exchange's codec time)."""
-        self._clock.codec_s[round_] = seconds
+        self._clock.encoded(round_, seconds)
 
     def recv(self, timeout: float | None = None) -> CoordinatorMessage | None:
         """The next message; None on timeout; raises LinkClosed when the stream ended."""
@@ -246,8 +246,12 @@ class _ExchangeClock:
         self._streams: dict[int, int] = {}
         self._up_s: dict[int, float] = {}
         self._down_from: dict[int, float] = {}
-        self.codec_s: dict[int, float] = {}
+        self._codec_s: dict[int, float] = {}
         self._done: ExchangeTiming | None = None
+
+    def encoded(self, round_: int, seconds: float) -> None:
+        with self._lock:
+            self._codec_s[round_] = seconds
 
     def sent(self, round_: int, streams: int) -> ExchangeTiming | None:
         """A contribution for ``round_`` leaves now over ``streams`` connections; the last
@@ -269,7 +273,7 @@ class _ExchangeClock:
                 r = message.round
                 up_s, start = self._up_s.pop(r, None), self._down_from.pop(r, now)
                 if up_s is not None:
-                    codec_s, streams = self.codec_s.pop(r, 0.0), self._streams.pop(r, 1)
+                    codec_s, streams = self._codec_s.pop(r, 0.0), self._streams.pop(r, 1)
                     self._done = ExchangeTiming(r, up_s, now - start, codec_s, streams)
-                for old in [k for k in self.codec_s if k <= r]:
-                    del self.codec_s[old]
+                for old in [k for k in self._codec_s if k <= r]:
+                    del self._codec_s[old]
