@@ -89,6 +89,16 @@ def join(link: Link, max_streams: int = STREAMS) -> Welcome:
     return welcome
 
 
+def wait_for_stripes(running, stripes: int = STREAMS - 1) -> None:
+    """Until the coordinator holds the session's stripes (their TLS handshakes are done)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if [s.stripes for s in running.federation.sessions.values()] == [stripes]:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the stripes never joined")
+
+
 def contribute(link: Link, seed: int, round_: int = 0) -> None:
     fp32 = make_codec("fp32")
     payloads = [Payload(i, None, "fp32", fp32.encode(d)) for i, d in enumerate(deltas(seed))]
@@ -156,6 +166,7 @@ def test_each_stripe_is_its_own_tcp_connection_of_the_one_session(serve, pki, re
     try:
         welcome = join(link)
         assert welcome.stripe_token and welcome.streams == STREAMS
+        wait_for_stripes(running)
         contribute(link, seed=1)
         assert_round_exact(running, link, seed=1)
         assert len(relay.connections) == STREAMS  # one TCP connection per stripe
@@ -183,10 +194,11 @@ def test_each_stripe_is_its_own_tcp_connection_of_the_one_session(serve, pki, re
 def test_a_stripe_cut_mid_upload_loses_nothing_and_counts_nothing_twice(serve, pki, relay_to):
     running = serve_striped(serve)
     relay = relay_to(running.port)
-    relay.arm(1, up_bytes=64 << 10)  # the first stripe, a few chunks into the upload
+    relay.arm(1, up_bytes=40 << 10)  # the first stripe, a few chunks into the upload
     link = open_link(relay.port, pki.directory)
     try:
         join(link)
+        wait_for_stripes(running)
         contribute(link, seed=1)
         assert_round_exact(running, link, seed=1)
         assert relay.cut_done.is_set()
@@ -199,10 +211,11 @@ def test_a_stripe_cut_mid_upload_loses_nothing_and_counts_nothing_twice(serve, p
 def test_a_stripe_cut_mid_broadcast_loses_nothing(serve, pki, relay_to):
     running = serve_striped(serve)
     relay = relay_to(running.port)
-    relay.arm(2, down_bytes=96 << 10)  # the second stripe, inside the aggregate
+    relay.arm(2, down_bytes=40 << 10)  # the second stripe, inside the aggregate
     link = open_link(relay.port, pki.directory)
     try:
         join(link)
+        wait_for_stripes(running)
         contribute(link, seed=2)
         assert_round_exact(running, link, seed=2)
         assert relay.cut_done.is_set()
