@@ -270,3 +270,22 @@ def test_one_stream_stays_the_plain_path(serve, pki, relay_to):
         assert link.stripes is None and len(relay.connections) == 1
     finally:
         link.close()
+
+
+def test_channels_that_dial_their_own_connection_each_get_one(serve, pki, relay_to):
+    """Why a stripe dials with ``own_connection``: gRPC's core shares one TCP connection
+    between channels to one target with the same arguments (its global subchannel pool),
+    where they would share one congestion window. grpcio 1.85's Python channels default
+    to a local pool (plain channels got their own connections here too); stripes ask for
+    it explicitly, so they never depend on that default."""
+    running = serve()
+    relay = relay_to(running.port)
+    config = AgentConfig(
+        cloud="aws", name="aws-1", coordinator=f"localhost:{relay.port}", certs=pki.directory
+    )
+    channels = [open_channel(config, own_connection=True) for _ in range(STREAMS)]
+    for channel in channels:
+        grpc.channel_ready_future(channel).result(timeout=10)
+    assert len(relay.connections) == STREAMS
+    for channel in channels:
+        channel.close()
