@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--profile", default="cross-region")
     parser.add_argument("--streams", default="1,2,4,8,16,32,auto", help="N per run, or auto.")
     parser.add_argument("--max-streams", default="16", help="The bound of the auto runs.")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--timeout-s", type=float, default=420.0)
     args = parser.parse_args()
     load_catalog().profile(args.profile)  # a clear error for an unknown profile
