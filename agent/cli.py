@@ -40,6 +40,9 @@ def main() -> None:
 @click.option("--local-steps", type=int)
 @click.option("--rounds", type=int, help="Stop after this many rounds (0: until final).")
 @click.option("--tp", type=int, help="Local tensor-parallel ranks (processes).")
+@click.option(
+    "--max-streams", type=int, help="Most TCP connections to stripe the session over (1: one)."
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where the ranks train.")
 @click.option(
     "--launcher",

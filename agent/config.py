@@ -71,6 +71,9 @@ class AgentConfig:
     ready = in a session). Outside mTLS: loopback only unless ``metrics_public``."""
     metrics_public: bool = False
     """Allow ``metrics_listen`` on a non-loopback address (a pod IP for Kubernetes probes)."""
+    max_streams: int = 16
+    """Most TCP connections this agent stripes its session over; the coordinator picks
+    each link's N within it and its own bound (1: one plain stream; docs/striping.md)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -85,6 +88,7 @@ class AgentConfig:
             (self.reconnect_max_s >= self.reconnect_initial_s, "reconnect_max_s", ">= initial"),
             (":" in self.coordinator, "coordinator", "HOST:PORT"),
             (self.threads >= 1, "threads", ">= 1"),
+            (1 <= self.max_streams <= 64, "max_streams", "in 1..64"),
             (self.device in DEVICES, "device", " or ".join(DEVICES)),
             (self.launcher in LAUNCHERS, "launcher", " or ".join(LAUNCHERS)),
             (self.give_up_after_s >= 0, "give_up_after_s", ">= 0"),

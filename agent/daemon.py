@@ -43,6 +43,8 @@ FATAL_CODES = {
     grpc.StatusCode.FAILED_PRECONDITION,
 }
 WELCOME_TIMEOUT_S = 60.0
+MERGE_SLACK_BYTES = 64 << 20
+"""What a striped session may hold out of order beyond one transfer of the model."""
 
 
 class Resync(Exception):
@@ -128,7 +130,12 @@ class Agent:
         # (restarted, or another session) sends the round again from its first chunk.
         self._agg, self._agg_datas = None, {}
         channel = open_channel(self.config)
-        link = Link(channel, coordinator=self.config.coordinator)
+        link = Link(
+            channel,
+            coordinator=self.config.coordinator,
+            dial=lambda: open_channel(self.config, own_connection=True),
+            max_held_bytes=sum(max_payload_bytes(self.spec)) + MERGE_SLACK_BYTES,
+        )
         try:
             self._join(link)
             self._connected = True
@@ -151,6 +158,7 @@ class Agent:
             last_round=self.last_round,
             weights_digest=self.site.digest(),
             exchanges=EXCHANGES,
+            max_streams=self.config.max_streams,
         )
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
@@ -279,7 +287,9 @@ class Agent:
         return result
 
     def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
+        started = time.monotonic()
         payloads = self.site.contribution(round, self.codec)  # every rank's own shards
+        link.encoded(round, time.monotonic() - started)
         chunks = cut_all(
             payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
         )

@@ -10,21 +10,38 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import grpc
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.probe import ProbeClient
+from skyfed.agent.stripes import Stripes
+from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
-from skyfed.wire import AgentMessage, Chunk, CoordinatorMessage, Heartbeat, Welcome
+from skyfed.proto.stripes import Merge
+from skyfed.wire import (
+    AgentMessage,
+    Announce,
+    Chunk,
+    ChunkKind,
+    CoordinatorMessage,
+    ExchangeTiming,
+    Heartbeat,
+    Receipt,
+    RoundEnd,
+    Welcome,
+)
 
 log = logging.getLogger(__name__)
 
 ENVELOPE_BYTES = 64 << 10
 MAX_CHUNK_BYTES = 4 << 20
+DEFAULT_MAX_HELD_BYTES = 256 << 20
+"""What a striped session may hold out of order when the caller names no bound."""
 
 
 class LinkClosed(Exception):
@@ -51,7 +68,10 @@ def channel_credentials(config: AgentConfig) -> grpc.ChannelCredentials:
     )
 
 
-def open_channel(config: AgentConfig) -> grpc.Channel:
+def open_channel(config: AgentConfig, *, own_connection: bool = False) -> grpc.Channel:
+    """A TLS channel to the coordinator. ``own_connection``: on a TCP connection of its
+    own, even next to another channel to the same target with the same arguments (gRPC
+    shares one between such channels by default): a stripe of a session."""
     options = [
         ("grpc.max_receive_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.max_send_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
@@ -63,6 +83,8 @@ def open_channel(config: AgentConfig) -> grpc.Channel:
     ]
     if config.server_name:
         options.append(("grpc.ssl_target_name_override", config.server_name))
+    if own_connection:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     return grpc.secure_channel(config.coordinator, channel_credentials(config), options=options)
 
 
@@ -71,7 +93,13 @@ class Link:
     come in on a queue."""
 
     def __init__(
-        self, channel: grpc.Channel, heartbeat_s: float = 1.0, *, coordinator: str = ""
+        self,
+        channel: grpc.Channel,
+        heartbeat_s: float = 1.0,
+        *,
+        coordinator: str = "",
+        dial: Callable[[], grpc.Channel] | None = None,
+        max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
     ) -> None:
         self.coordinator = coordinator
         """HOST:PORT dialled; the loss probe goes to HOST (no probe when empty)."""
@@ -79,6 +107,13 @@ class Link:
         self.probe: ProbeClient | None = None
         self._outbox = Outbox()
         self._inbox: queue.Queue = queue.Queue()
+        self._merge: Merge[pb.CoordinatorMessage] = Merge(
+            self._deliver, max_held_bytes=max_held_bytes
+        )
+        self._dial = dial
+        """Opens a stripe's channel; None: this link never stripes."""
+        self.stripes: Stripes | None = None
+        self._clock = _ExchangeClock()
         self._call = pb_grpc.FederationStub(channel).Session(iter(self._outbox))
         self._reader = threading.Thread(target=self._read, name="link-read", daemon=True)
         self._reader.start()
@@ -108,10 +143,21 @@ class Link:
         self.probe.start()
         log.info("[Agent.Probe] to=%s:%d interval_ms=%d", host, offer.port, interval_s * 1000)
 
+    @property
+    def streams(self) -> int:
+        """TCP connections the session runs on now."""
+        return self.stripes.streams if self.stripes is not None else 1
+
     def send(self, message: AgentMessage) -> None:
         if isinstance(message, Chunk):
             self.bytes_up += len(message.data)
+        elif isinstance(message, Announce):
+            message = replace(message, timing=self._clock.sent(message.round, self.streams))
         self._outbox.put(serde.agent_message_to_proto(message))
+
+    def encoded(self, round_: int, seconds: float) -> None:
+        """The contribution of ``round_`` took ``seconds`` to encode (its exchange's codec time)."""
+        self._clock.encoded(round_, seconds)
 
     def recv(self, timeout: float | None = None) -> CoordinatorMessage | None:
         """The next message; None on timeout; raises LinkClosed when the stream ended."""
@@ -128,6 +174,8 @@ class Link:
         self._stop.set()
         if self.probe is not None:
             self.probe.close()
+        if self.stripes is not None:
+            self.stripes.close()
         self._outbox.close()
         self._call.cancel()
 
@@ -138,16 +186,41 @@ class Link:
                     # Timed here, on arrival, not when the training loop gets to it.
                     if message.heartbeat.echo_ns:
                         self.rtt_ms = (time.monotonic_ns() - message.heartbeat.echo_ns) / 1e6
+                    self._outbox.acked(message.heartbeat.received)
                     continue
-                ours = serde.coordinator_message_from_proto(message)
-                if ours is None:
-                    continue  # a newer coordinator's message this agent does not know
-                if isinstance(ours, Welcome):
-                    self._welcome = ours  # read by start_heartbeats: the probe
-                self._inbox.put(ours)
+                self._merge.add(message.order, message, message.ByteSize())
             self._inbox.put(_End(grpc.StatusCode.OK, "the coordinator ended the session"))
         except grpc.RpcError as exc:
             self._inbox.put(_End(exc.code(), exc.details() or ""))
+        except Exception as exc:  # a stream this agent cannot follow: end the session
+            log.warning("[Agent.Link] %s", exc)
+            self._fail(grpc.StatusCode.INTERNAL, str(exc))
+
+    def _deliver(self, message: pb.CoordinatorMessage) -> None:
+        """One message of the session, in order, from whichever connection carried it."""
+        ours = serde.coordinator_message_from_proto(message)
+        if ours is None:
+            return  # a newer coordinator's message this agent does not know
+        self._clock.arrived(ours)
+        if isinstance(ours, Welcome):
+            self._welcome = ours  # read by start_heartbeats: the probe
+            self._stripe(ours)
+        elif isinstance(ours, RoundEnd) and ours.streams and self.stripes is not None:
+            self.stripes.resize(ours.streams)
+        self._inbox.put(ours)
+
+    def _stripe(self, welcome: Welcome) -> None:
+        """A welcome with a join token: number what we send from now on, open the stripes."""
+        if not welcome.stripe_token or self._dial is None:
+            return
+        self._outbox.start_striping()
+        self.stripes = Stripes(
+            self._dial, self._outbox.stripe, self._merge, welcome.stripe_token, self._fail
+        )
+        self.stripes.resize(welcome.streams)
+
+    def _fail(self, code: grpc.StatusCode, details: str) -> None:
+        self._inbox.put(_End(code, details))
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -160,5 +233,50 @@ class Link:
                 rtt_ms=self.rtt_ms,
                 probes_settled=settled,
                 probes_lost=lost,
+                received=self._merge.received,
             )
             self._outbox.put(serde.agent_message_to_proto(beat))
+
+
+class _ExchangeClock:
+    """Times each round's exchange on the agent's clock, from arrivals as the link reads
+    them (not when the training loop gets to them): contribution sent to receipt, first
+    aggregate chunk to round end (``docs/striping.md``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent: dict[int, tuple[float, int]] = {}  # round -> (when, connections)
+        self._streams: dict[int, int] = {}
+        self._up_s: dict[int, float] = {}
+        self._down_from: dict[int, float] = {}
+        self._codec_s: dict[int, float] = {}
+        self._done: ExchangeTiming | None = None
+
+    def encoded(self, round_: int, seconds: float) -> None:
+        with self._lock:
+            self._codec_s[round_] = seconds
+
+    def sent(self, round_: int, streams: int) -> ExchangeTiming | None:
+        """A contribution for ``round_`` leaves now over ``streams`` connections; the last
+        exchange's timing, to go with it."""
+        with self._lock:
+            self._sent[round_] = (time.monotonic(), streams)
+            done, self._done = self._done, None
+            return done
+
+    def arrived(self, message: CoordinatorMessage) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if isinstance(message, Receipt) and message.round in self._sent:
+                at, self._streams[message.round] = self._sent.pop(message.round)
+                self._up_s[message.round] = now - at
+            elif isinstance(message, Chunk) and message.kind == ChunkKind.AGGREGATE:
+                self._down_from.setdefault(message.round, now)
+            elif isinstance(message, RoundEnd):
+                r = message.round
+                up_s, start = self._up_s.pop(r, None), self._down_from.pop(r, now)
+                if up_s is not None:
+                    codec_s, streams = self._codec_s.pop(r, 0.0), self._streams.pop(r, 1)
+                    self._done = ExchangeTiming(r, up_s, now - start, codec_s, streams)
+                for old in [k for k in self._codec_s if k <= r]:
+                    del self._codec_s[old]

@@ -51,7 +51,7 @@ def agents_table(snap: Snapshot) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    headers = ("agent", "state", "codec", "sw", "round", "rtt", "loss%")
+    headers = ("agent", "state", "codec", "sw", "N", "round", "rtt", "loss%")
     for col in (*headers, "Mb/s", "up MB", "dn MB"):
         left = col in ("agent", "state", "codec")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
@@ -61,6 +61,7 @@ def agents_table(snap: Snapshot) -> Table:
             a["state"],
             a["codec"],
             str(a["codec_switches"]),
+            str(a["streams"]),
             str(a["last_round"]),
             f"{a['rtt_ms']:.1f}",
             f"{a['loss_pct']:.2f}",
@@ -68,7 +69,34 @@ def agents_table(snap: Snapshot) -> Table:
             f"{a['bytes_up'] / 1e6:.1f}",
             f"{a['bytes_down'] / 1e6:.1f}",
         )
-    table.caption = "rtt in ms; sw: codec switches; Mb/s: goodput; jitter, refusals: --json"
+    table.caption = (
+        "rtt in ms; sw: codec switches; N: TCP connections; Mb/s: goodput; jitter, refusals: --json"
+    )
+    return table
+
+
+def efficiency_table(reply: Status) -> Table | None:
+    """Each link's latest timed exchange against its floor, RTT + bytes / rate
+    (docs/striping.md); None before any agent has timed one."""
+    timed = [a for a in reply.agents if a.efficiency is not None]
+    if not timed:
+        return None
+    table = Table(title="exchange against the floor", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("agent", "round", "exch s", "floor s", "ratio", "N", "limit"):
+        table.add_column(col, justify="left" if col in ("agent", "limit") else "right")
+    for a in timed:
+        e = a.efficiency
+        assert e is not None
+        table.add_row(
+            a.name,
+            str(e.round),
+            f"{e.exchange_s:.2f}",
+            f"{e.floor_s:.2f}",
+            f"{e.ratio:.1f}x",
+            str(e.streams),
+            e.limit or "-",
+        )
+    table.caption = "floor at each link's rate (link_rate_mbit, else its best goodput)"
     return table
 
 
@@ -115,4 +143,8 @@ def render_status(reply: Status) -> None:
     from skyfed.coordinator.progress import headline  # the live view's first line
 
     snap = to_data(reply)
-    Console().print(headline(snap), agents_table(snap))
+    console = Console()
+    console.print(headline(snap), agents_table(snap))
+    links = efficiency_table(reply)
+    if links is not None:
+        console.print(links)

@@ -7,16 +7,20 @@ same bytes.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 import time
 from typing import TYPE_CHECKING
 
 import grpc
 
+from skyfed.certs.identity import Identity
 from skyfed.compression import make_codec
 from skyfed.errors import (
     IdentityMismatchError,
     ModelMismatchError,
+    NoSessionError,
     ProtocolError,
     UnsupportedExchangeError,
 )
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
     from skyfed.coordinator.session import Session
 
 log = logging.getLogger(__name__)
+
+STRIPE_TOKEN_BYTES = 16
 
 
 class Admission:
@@ -76,6 +82,7 @@ class Admission:
             session.codecs = frozenset(hello.codecs)
             fed.links.open(session, fed.round)
             session.tp = max(1, hello.tp)
+            self._offer_stripes(session, hello)
             behind = (
                 fed.finished  # the final weights follow, and tell it to stop
                 or hello.last_round != fed.round - 1
@@ -104,6 +111,36 @@ class Admission:
             self.forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
 
+    def _offer_stripes(self, session: Session, hello: Hello) -> None:
+        """Let the session stripe if both ends can: a join token, and positions on every
+        message from the welcome on (``docs/striping.md``). The caller holds the lock."""
+        offered = min(hello.max_streams, self.fed.config.streams.max_streams)
+        if offered <= 1:
+            return
+        session.max_streams = offered
+        session.stripe_token = secrets.token_bytes(STRIPE_TOKEN_BYTES)
+        session.outbox.start_striping()
+        link = self.fed.links.get(session)
+        wanted = link.streams.streams if link is not None else 1
+        session.streams = max(1, min(wanted, offered))
+
+    def stripe(self, identity: Identity, token: bytes) -> Session:
+        """The live session a Stripe call joins: its certificate's own identity's, holding
+        ``token``; anything else is refused (compared in constant time)."""
+        own = self.fed.sessions.get(identity.uri)
+        if own is not None and own.stripe_token and hmac.compare_digest(own.stripe_token, token):
+            if own.closed:
+                raise NoSessionError(f"the session of {identity.uri} has ended: reconnect")
+            return own
+        others = [s for s in self.fed.sessions.values() if s is not own and s.stripe_token]
+        if any(hmac.compare_digest(s.stripe_token, token) for s in others):
+            raise IdentityMismatchError(
+                f"certificate {identity.uri} presents the stripe token of another agent's session"
+            )
+        raise NoSessionError(
+            f"no session of {identity.uri} holds this stripe token (it ended or was replaced)"
+        )
+
     def _welcome(self, session: Session, weights_follow: bool) -> Welcome:
         fed = self.fed
         probe = None
@@ -128,6 +165,8 @@ class Admission:
             sgd_momentum=fed.config.sgd_momentum,
             probe=probe,
             overlap=fed.config.overlap,
+            stripe_token=session.stripe_token,
+            streams=session.streams if session.stripe_token else 0,
         )
 
     def weights_messages(self) -> list[CoordinatorMessage]:

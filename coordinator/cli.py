@@ -74,6 +74,15 @@ def main() -> None:
 )
 @click.option("--outer-lr", type=float, help="Outer step size (sgd 1.0, nesterov 0.7).")
 @click.option("--outer-momentum", type=float, help="Outer momentum (sgd 0, nesterov 0.9).")
+@click.option(
+    "--max-streams",
+    "streams",
+    type=int,
+    help="Most TCP connections one agent's session stripes over (1: never stripe).",
+)
+@click.option(
+    "--link-rate-mbit", type=float, help="The links' physical rate, for the floors in status."
+)
 @click.option("--heartbeat-ms", type=int, help="Agents' heartbeat interval.")
 @click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
 @click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")

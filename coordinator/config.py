@@ -10,6 +10,7 @@ from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
 from skyfed.coordinator.outer import OuterSettings
+from skyfed.coordinator.streams import StreamsConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
 from skyfed.validate import require
 from skyfed.wire import EXCHANGES
@@ -77,6 +78,13 @@ class CoordinatorConfig:
     """The link policy (TOML table ``[policy]``; a string names its ``mode``)."""
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     """Measurement windows and smoothing of every link (TOML table ``[monitor]``)."""
+    streams: StreamsConfig = field(default_factory=StreamsConfig)
+    """How many TCP connections each link's session stripes over, chosen per link
+    (TOML table ``[streams]``; a number sets its ``max_streams``). See docs/striping.md."""
+    link_rate_mbit: float = 0.0
+    """The links' physical rate when the operator knows it (a provisioned interconnect,
+    the lab's profile): the rate of each exchange's floor in status. 0: the best goodput
+    each link has shown, which understates a loss-limited link."""
     probe_port: int = 0
     """UDP port of the loss probe's echo on the listen host (0: any free one; -1: no probe)."""
     probe_interval_ms: int = 50
@@ -150,6 +158,9 @@ class CoordinatorConfig:
         )
         self.policy = _section(PolicyConfig, self.policy, "mode")
         self.monitor = _section(MonitorConfig, self.monitor, "window_s")
+        self.streams = _section(StreamsConfig, self.streams, "max_streams")
+        rate = self.link_rate_mbit
+        require("coordinator", rate >= 0, "link_rate_mbit", rate, ">= 0")
         if self.exchange == "gradient":
             self.policy = self.policy.for_gradient_exchange()
             bits = self.policy.ecsgd_bits

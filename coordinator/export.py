@@ -70,4 +70,3 @@ def export_checkpoint(checkpoint_dir: Path, out: Path, *, task: str) -> dict[str
 
 def meta_path(out: Path) -> Path:
     return out.with_suffix(".json")
-

@@ -70,7 +70,11 @@ class Federation:
         """The last held-out evaluation, set by the observer's evaluator."""
         self.max_payload = max_payload_bytes(self.spec)
         self.links = Links(
-            config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
+            config.codec,
+            config.policy,
+            config.monitor,
+            [t.numel for t in self.spec],
+            config.streams,
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
         self.outer = OuterOptimizer(config.outer)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CHUNKS = 1 << 24
+TRANSFERS_KEPT = 4
+"""Rounds of a session's exchange bytes kept until its agent reports their timing."""
 
 
 @dataclass(eq=False, slots=True)
@@ -83,6 +85,8 @@ class Intake:
         fed = self.fed
         with fed.cond:
             fed.admission.require_member(session)
+            if header.timing is not None:
+                self._timed(session, header)
             if session.inbound is not None and session.inbound.open:
                 raise ProtocolError("a contribution was announced before the previous one ended")
             _check(header, fed.round)
@@ -122,6 +126,29 @@ class Intake:
             fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
             fed.stats.raw_bytes_up += header.raw_bytes
             session.raw_bytes_up += header.raw_bytes
+
+    def _timed(self, session: Session, header: Announce) -> None:
+        """The agent's timing of its last exchange: the link's efficiency in that round
+        (status and the round's history). The caller holds the lock."""
+        assert header.timing is not None
+        e = self.fed.links.timed(session, header.timing, self.fed.config.link_rate_mbit)
+        if e is None:
+            return
+        session.efficiency = e
+        for stats in self.fed.history:
+            if stats.round == e.round:
+                stats.links.append(e)
+        log.info(
+            "[Coordinator.Efficiency] agent=%s round=%d exchange_s=%.3f floor_s=%.3f ratio=%.2f "
+            "streams=%d limit=%s",
+            session.key,
+            e.round,
+            e.exchange_s,
+            e.floor_s,
+            e.ratio,
+            e.streams,
+            e.limit or "-",
+        )
 
     def refuse(self, session: Session, round_: int, chunks: int, err: FederationError) -> None:
         """Refuse a contribution in-band: the session goes on, its chunks are discarded.
@@ -174,7 +201,14 @@ class Intake:
             inbound.entry.commit()
             session.inbound = None
             session.last_round = inbound.round
-            fed.links.get(session).upload_done(session.bytes_up, time.monotonic(), inbound.train_s)
+            connections = session.connections if session.stripe_token else 0
+            link = fed.links.get(session)
+            nbytes = link.upload_done(
+                session.bytes_up, time.monotonic(), inbound.train_s, connections
+            )
+            session.transfers[inbound.round] = [nbytes, 0]
+            for old in sorted(session.transfers)[:-TRANSFERS_KEPT]:
+                del session.transfers[old]
             session.state = "idle"
             fed.contributed.add(session.key)
             fed.rounds.contributed(inbound.loss, inbound.train_s)

@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig
 from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
+from skyfed.coordinator import streams as stream_policy
+from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
-from skyfed.wire import Heartbeat
+from skyfed.coordinator.streams import StreamsConfig, StreamsState
+from skyfed.wire import ExchangeTiming, Heartbeat
 
 if TYPE_CHECKING:
     from skyfed.coordinator.session import Session
@@ -67,8 +70,18 @@ class LinkState:
         policy: PolicyConfig,
         monitor: MonitorConfig,
         profiles: dict[str, CodecProfile] | None,
+        streams: StreamsConfig | None = None,
     ) -> None:
         self.policy, self.profiles = policy, profiles
+        self.streams_config = streams or StreamsConfig()
+        self.streams = StreamsState(streams=self.streams_config.min_streams)
+        """How many connections the policy wants the link's session on, and its probe.
+        Kept across the agent's sessions, as the codec is."""
+        self.streams_decided: stream_policy.Decision | None = None
+        """The step that last changed ``streams``: what its change is logged with."""
+        self.best_mbit = 0.0
+        """The best goodput an upload on this link has shown: the floor's rate when the
+        operator gave none."""
         self.monitor = LinkMonitor(monitor, start_s=time.monotonic())
         self.state = PolicyState(policy.light)
         self.probe: ProbeKey | None = None
@@ -116,15 +129,39 @@ class LinkState:
         with self.lock:
             self._upload = (now_s, bytes_up)
 
-    def upload_done(self, bytes_up: int, now_s: float, train_s: float = 0.0) -> None:
+    def upload_done(
+        self, bytes_up: int, now_s: float, train_s: float = 0.0, connections: int = 0
+    ) -> int:
+        """An upload ended: time it for the monitor and, on a session that stripes over
+        ``connections``, let the policy choose the link's N. Its bytes (0 if untimed)."""
         with self.lock:
             if math.isfinite(train_s) and train_s >= 0:
                 self.train_s = train_s
+            nbytes = 0
             if self._upload is not None:
                 t0, b0 = self._upload
-                self.monitor.add_transfer(now_s, bytes_up - b0, now_s - t0)
+                nbytes, seconds = bytes_up - b0, now_s - t0
+                self.monitor.add_transfer(now_s, nbytes, seconds)
+                if connections and nbytes >= max(1, self.monitor.config.min_goodput_bytes):
+                    self._choose_streams(nbytes * 8 / seconds / 1e6, connections)
             self._upload = None
             self._advance(now_s)
+            return nbytes
+
+    def _choose_streams(self, goodput_mbit: float, connections: int) -> None:
+        """One step of the N policy on an upload's goodput (under the lock); an upload
+        that did not run on the N the link was told (a lane died, the agent had not
+        resized yet) says nothing about that N."""
+        self.best_mbit = max(self.best_mbit, goodput_mbit)
+        if connections != self.streams.streams:
+            return
+        stats = self.monitor.stats()
+        decision = stream_policy.step(
+            self.streams, goodput_mbit, stats.rtt_ms, stats.loss_pct, self.streams_config
+        )
+        if decision.state.streams != self.streams.streams:
+            self.streams_decided = decision
+        self.streams = decision.state
 
     def _advance(self, now_s: float) -> None:
         for window in self.monitor.poll(now_s):
@@ -144,11 +181,19 @@ class LinkState:
 class Links:
     """The links of all agents, by identity (a reconnecting agent keeps its link's history)."""
 
-    def __init__(self, codec: str, policy: PolicyConfig, monitor: MonitorConfig, sizes: list[int]):
+    def __init__(
+        self,
+        codec: str,
+        policy: PolicyConfig,
+        monitor: MonitorConfig,
+        sizes: list[int],
+        streams: StreamsConfig | None = None,
+    ):
         """``sizes``: the model's tensors, in elements (the cost policy times its codecs
         on them)."""
         self.fixed = None if codec == AUTO else codec
         self.policy, self.monitor = policy, monitor
+        self.streams_config = streams or StreamsConfig()
         self.profiles: dict[str, CodecProfile] | None = None
         if self.fixed is None and policy.mode == "cost":
             self.profiles = _profiles(policy, sizes)
@@ -172,7 +217,9 @@ class Links:
         probe key when the echo runs, running the codec the policy wants from ``round_``."""
         link = self._links.get(session.key)
         if link is None:
-            link = self._links[session.key] = LinkState(self.policy, self.monitor, self.profiles)
+            link = self._links[session.key] = LinkState(
+                self.policy, self.monitor, self.profiles, self.streams_config
+            )
         link.restart()
         if self.echo is not None:
             if link.probe is not None:
@@ -189,6 +236,65 @@ class Links:
             self.switched(session, codec)
             link = self._links[session.key]
             link.run = link.run.at(codec, next_round)
+
+    def streams_at_boundary(self, session: Session) -> int:
+        """At a round boundary: the connections the session stripes over from the next
+        round (the policy's N within what the agent offered); changes are logged."""
+        link = self._links.get(session.key)
+        if link is None or not session.stripe_token:
+            return session.streams
+        with link.lock:
+            wanted, decision = link.streams.streams, link.streams_decided
+        wanted = max(1, min(wanted, session.max_streams))
+        if wanted != session.streams:
+            session.stream_switches += 1
+            stats = link.stats()
+            log.info(
+                "[Coordinator.Streams] agent=%s from=%d to=%d rtt_ms=%.1f loss_pct=%.2f "
+                "goodput_mbit=%.1f cap_mbit=%.2f reason=%s",
+                session.key,
+                session.streams,
+                wanted,
+                stats.rtt_ms,
+                stats.loss_pct,
+                decision.goodput_mbit if decision else math.nan,
+                decision.cap_mbit if decision else math.nan,
+                decision.reason if decision else "",
+            )
+            session.streams = wanted
+        return wanted
+
+    def timed(
+        self, session: Session, timing: ExchangeTiming, rate_mbit: float
+    ) -> Efficiency | None:
+        """The agent's timing of round ``timing.round`` against the link's floor (None if
+        that round's bytes are not known here: a coordinator restart, an older round)."""
+        link = self._links.get(session.key)
+        sent = session.transfers.get(timing.round)
+        if link is None or sent is None or not (timing.up_s >= 0 and timing.down_s >= 0):
+            return None
+        stats = link.stats()
+        rtt_ms = stats.rtt_ms
+        if not math.isfinite(rtt_ms) and link.monitor.rtt_samples:
+            rtt_ms = link.monitor.rtt_samples[-1][1]  # no window closed yet: the latest
+        exchange = Exchange(
+            round=timing.round,
+            up_s=timing.up_s,
+            down_s=timing.down_s,
+            codec_s=max(0.0, timing.codec_s),
+            bytes_up=sent[0],
+            bytes_down=sent[1],
+            streams=max(1, timing.streams),
+        )
+        e = assess(
+            exchange,
+            rtt_ms=rtt_ms,
+            loss_pct=stats.loss_pct,
+            rate_mbit=rate_mbit or link.best_mbit,
+            max_streams=self.streams_config.max_streams,
+            mss_bytes=self.streams_config.mss_bytes,
+        )
+        return replace(e, cloud=session.identity.cloud or "", name=session.identity.name)
 
     def codec_params(self, session: Session, round_: int) -> str:
         """The link's codec parameters in ``round_`` as JSON, so the agent encodes exactly

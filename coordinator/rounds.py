@@ -124,7 +124,7 @@ class Rounds:
                 "[Coordinator.Checkpoint] round=%d on_path_ms=%.0f", fed.round, on_path_s * 1000
             )
         self._record(codec_name, contributors)
-        self._round_ends(sessions, chunks, contributors, final)
+        self._round_ends(sessions, before, chunks, contributors, final)
         fed.stats.bytes_down += sum(s.bytes_down - before[s.key] for s in sessions)
         fed.write_status()
         fed.round += 1
@@ -167,11 +167,19 @@ class Rounds:
         return sent
 
     def _round_ends(
-        self, sessions: list[Session], chunks: int, contributors: int, final: bool
+        self,
+        sessions: list[Session],
+        before: dict[str, int],
+        chunks: int,
+        contributors: int,
+        final: bool,
     ) -> None:
+        """Each session's round end (after its chunks); ``before``: its bytes down before
+        this round's broadcast."""
         fed = self.fed
         for s in sessions:
             fed.links.boundary(s, fed.round + 1)
+            streams = fed.links.streams_at_boundary(s)
             s.send(
                 RoundEnd(
                     round=fed.round,
@@ -182,8 +190,12 @@ class Rounds:
                     codec=s.codec,
                     codec_params=fed.links.codec_params(s, fed.round + 1),
                     final=final,
+                    streams=streams if s.stripe_token else 0,
                 )
             )
+            s.raw_bytes_down += raw_bytes(fed.spec)
+            if fed.round in s.transfers:  # the link's exchange, timed (docs/striping.md)
+                s.transfers[fed.round][1] = s.bytes_down - before[s.key]
             failpoints.reached("broadcast", fed.round, settle_s=1.0)  # one agent has it
 
     def _record(self, codec_name: str, contributors: int) -> None:

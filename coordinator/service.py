@@ -18,9 +18,13 @@ from skyfed.netinfo import log_congestion_control, peer_host
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
+from skyfed.proto.outbox import StripeLane
+from skyfed.proto.stripes import Merge
 from skyfed.wire import Announce, Chunk, Heartbeat, Hello
 
 log = logging.getLogger(__name__)
+
+MERGE_SLACK_CHUNKS = 16
 
 
 class FederationServicer(pb_grpc.FederationServicer):
@@ -36,6 +40,10 @@ class FederationServicer(pb_grpc.FederationServicer):
             self.federation.refused(status_code(exc).name)
             context.abort(status_code(exc), str(exc))
         session = Session(identity, context.peer())
+        session.merge = Merge(
+            lambda m: self._handle(session, serde.agent_message_from_proto(m)),
+            max_held_bytes=self._max_held_bytes(),
+        )
         log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
         log_congestion_control(peer_host(context.peer()), "coordinator")
         context.add_callback(lambda: session.close(grpc.StatusCode.CANCELLED, "call ended"))
@@ -51,22 +59,80 @@ class FederationServicer(pb_grpc.FederationServicer):
         if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
             context.abort(session.abort_code, session.abort_message)
 
-    def _read(self, requests: Iterator[pb.AgentMessage], session: Session) -> None:
+    def Stripe(self, request_iterator: Iterator[pb.AgentMessage], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        """A further connection of a striped session: it joins with the welcome's token
+        under the session's own identity, then carries chunks both ways."""
+        try:
+            identity = self.auth.identify(context)
+            first = next(request_iterator, None)
+            if first is None or first.WhichOneof("body") != "stripe_join":
+                raise ProtocolError("a stripe's first message must join a session (StripeJoin)")
+            with self.federation.cond:
+                session = self.federation.admission.stripe(identity, first.stripe_join.token)
+                session.stripes += 1
+        except FederationError as exc:
+            log.warning("[Federation.Stripe] refused peer=%s: %s", context.peer(), exc)
+            context.abort(status_code(exc), str(exc))
+        lane = session.outbox.stripe()
+        log.info(
+            "[Federation.Stripe] agent=%s peer=%s lane=%d", identity.uri, context.peer(), lane.index
+        )
+        context.add_callback(lane.end)
+        reader = threading.Thread(
+            target=self._read_stripe,
+            args=(request_iterator, session, lane),
+            name=f"stripe-{identity.name}-{lane.index}",
+            daemon=True,
+        )
+        reader.start()
+        try:
+            yield from lane  # until the agent closes it, it dies, or the session ends
+        finally:
+            lane.end()  # what it took and the agent did not acknowledge goes on the others
+            with self.federation.cond:
+                session.stripes -= 1
+
+    def _max_held_bytes(self) -> int:
+        """What a striped session may hold out of order: about one transfer of the model
+        (a stalled connection holds back at most that), and some chunks of slack."""
         fed = self.federation
+        return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.max_chunk_bytes
+
+    def _read(self, requests: Iterator[pb.AgentMessage], session: Session) -> None:
+        assert session.merge is not None
         try:
             for message in requests:
                 session.last_seen = time.monotonic()
-                self._handle(session, serde.agent_message_from_proto(message))
+                session.merge.add(message.order, message, _held_size(message))
         except FederationError as exc:
-            log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
-            fed.refused(status_code(exc).name)
-            fed.admission.leave(session)
-            session.close(status_code(exc), str(exc))
+            self._refused(session, exc)
             return
         except grpc.RpcError:
             pass  # the call ended under us (client gone, cancelled)
-        fed.admission.leave(session)
+        self.federation.admission.leave(session)
         session.close()
+
+    def _read_stripe(
+        self, requests: Iterator[pb.AgentMessage], session: Session, lane: StripeLane
+    ) -> None:
+        assert session.merge is not None
+        try:
+            for message in requests:
+                if message.WhichOneof("body") != "chunk" or not message.order:
+                    raise ProtocolError("a stripe carries numbered chunks only")
+                session.last_seen = time.monotonic()
+                session.merge.add(message.order, message, _held_size(message))
+        except FederationError as exc:
+            self._refused(session, exc)
+        except grpc.RpcError:
+            pass  # this connection ended; the session goes on over the others
+        finally:
+            lane.end()
+
+    def _refused(self, session: Session, exc: FederationError) -> None:
+        log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
+        self.federation.admission.leave(session)
+        session.close(status_code(exc), str(exc))
 
     def _handle(
         self, session: Session, message: Hello | Announce | Chunk | Heartbeat | None
@@ -80,7 +146,12 @@ class FederationServicer(pb_grpc.FederationServicer):
             fed.intake.chunk(session, message)
         elif isinstance(message, Heartbeat):
             fed.links.heartbeat(session, message)
-            session.send(Heartbeat(sent_ns=time.monotonic_ns(), echo_ns=message.sent_ns))
+            session.outbox.acked(message.received)
+            received = session.merge.received if session.merge is not None else 0
+            echo = Heartbeat(
+                sent_ns=time.monotonic_ns(), echo_ns=message.sent_ns, received=received
+            )
+            session.send(echo)
         else:
             raise ProtocolError("an empty or unknown message")
 
@@ -90,6 +161,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
         return serde.status_to_proto(self.federation.status(windows=request.windows))
+
+
+def _held_size(message: pb.AgentMessage) -> int:
+    """What a message weighs while it waits out of order: its chunk's data, or its size."""
+    return len(message.chunk.data) if message.HasField("chunk") else message.ByteSize()
 
 
 def serve_federation(

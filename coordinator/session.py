@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 import grpc
 
 from skyfed.certs.identity import Identity
+from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.inbound import Inbound
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
+from skyfed.proto.stripes import Merge
 from skyfed.wire import CoordinatorMessage
 
 if TYPE_CHECKING:
@@ -37,6 +39,20 @@ class Session:
     last_seen: float = field(default_factory=time.monotonic)
     inbound: Inbound | None = None
     """The contribution being received (or refused and discarded), if any."""
+    merge: Merge | None = None
+    """Its incoming messages from every connection, delivered in order (the servicer's)."""
+    stripe_token: bytes = b""
+    """What a Stripe call presents to join this session (empty: it does not stripe)."""
+    stripes: int = 0
+    """Stripe calls joined to it now, beyond its primary stream."""
+    max_streams: int = 1
+    """Most connections it may stripe over: the least of the agent's and ours."""
+    streams: int = 1
+    """Connections it was told to stripe over (the link's N at the last boundary)."""
+    transfers: dict[int, list[int]] = field(default_factory=dict)
+    """Bytes [up, down] of its recent rounds' exchanges, by round: their floors' bytes."""
+    efficiency: Efficiency | None = None
+    """Its latest timed exchange against its floor."""
     # Counters for status and the round's accounting.
     bytes_up: int = 0
     bytes_down: int = 0
@@ -46,6 +62,7 @@ class Session:
     """What its broadcasts weigh as fp32."""
     refused: int = 0
     codec_switches: int = 0
+    stream_switches: int = 0
     rtt_ms: float = 0.0
     loss_pct: float = 0.0
     jitter_ms: float = 0.0
@@ -58,6 +75,11 @@ class Session:
     @property
     def key(self) -> str:
         return self.identity.uri
+
+    @property
+    def connections(self) -> int:
+        """TCP connections its session runs on now: the primary and the joined stripes."""
+        return 1 + self.stripes
 
     @property
     def codec(self) -> str:

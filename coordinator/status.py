@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from skyfed.compression.monitor import Window
+from skyfed.coordinator.efficiency import Efficiency
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
@@ -30,6 +31,9 @@ class RoundStats:
     downlink_codec: str = ""
     wall_s: float = 0.0
     """Seconds since the coordinator started, when the round closed."""
+    links: list[Efficiency] = field(default_factory=list)
+    """Each link's exchange against its floor, once its agent timed it (its next
+    contribution reports it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,11 @@ class AgentStatus:
     """What the link's contributions weigh as fp32, in bytes."""
     raw_bytes_down: int = 0
     """What the link's broadcasts weigh as fp32, in bytes."""
+    streams: int = 1
+    """Connections its session stripes over now (docs/striping.md)."""
+    stream_switches: int = 0
+    efficiency: Efficiency | None = None
+    """Its latest timed exchange against the link's floor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +101,7 @@ def build_status(fed: Federation, windows: bool = False) -> Status:
         agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()],
         weights_digest=fed.weights_digest,
         uptime_s=now - fed.started_at,
-        rounds=[replace(r) for r in fed.history],
+        rounds=[replace(r, links=list(r.links)) for r in fed.history],
         finished=fed.finished,
         exchange=fed.config.exchange,
         rounds_planned=fed.config.rounds,
@@ -124,6 +133,9 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         windows=_windows(fed, s) if windows else [],
         raw_bytes_up=s.raw_bytes_up,
         raw_bytes_down=s.raw_bytes_down,
+        streams=s.connections,
+        stream_switches=s.stream_switches,
+        efficiency=s.efficiency,
     )
 
 

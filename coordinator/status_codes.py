@@ -12,6 +12,7 @@ from skyfed.errors import (
     IdentityMismatchError,
     LateContributionError,
     ModelMismatchError,
+    NoSessionError,
     OversizedError,
     ProtocolError,
     RevokedError,
@@ -30,6 +31,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,
+    NoSessionError: grpc.StatusCode.NOT_FOUND,
 }
 
 

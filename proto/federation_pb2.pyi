@@ -28,7 +28,7 @@ class Shard(_message.Message):
     def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges")
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Hello(_message.Message):
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STREAMS_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     task: str
@@ -47,10 +48,11 @@ class Hello(_message.Message):
     last_round: int
     weights_digest: str
     exchanges: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_streams: int
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap")
+    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,8 @@ class Welcome(_message.Message):
     SGD_LR_FIELD_NUMBER: _ClassVar[int]
     SGD_MOMENTUM_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    STRIPE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     round: int
     weights_follow: bool
     codec: str
@@ -81,23 +85,41 @@ class Welcome(_message.Message):
     sgd_lr: float
     sgd_momentum: float
     overlap: bool
-    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ...) -> None: ...
+    stripe_token: bytes
+    streams: int
+    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ..., stripe_token: _Optional[bytes] = ..., streams: _Optional[int] = ...) -> None: ...
 
 class Contribution(_message.Message):
-    __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes")
+    __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes", "timing")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     samples: int
     loss: float
     train_s: float
     raw_bytes: int
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., samples: _Optional[int] = ..., loss: _Optional[float] = ..., train_s: _Optional[float] = ..., raw_bytes: _Optional[int] = ...) -> None: ...
+    timing: ExchangeTiming
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., samples: _Optional[int] = ..., loss: _Optional[float] = ..., train_s: _Optional[float] = ..., raw_bytes: _Optional[int] = ..., timing: _Optional[_Union[ExchangeTiming, _Mapping]] = ...) -> None: ...
+
+class ExchangeTiming(_message.Message):
+    __slots__ = ("round", "up_s", "down_s", "codec_s", "streams")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    UP_S_FIELD_NUMBER: _ClassVar[int]
+    DOWN_S_FIELD_NUMBER: _ClassVar[int]
+    CODEC_S_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    up_s: float
+    down_s: float
+    codec_s: float
+    streams: int
+    def __init__(self, round: _Optional[int] = ..., up_s: _Optional[float] = ..., down_s: _Optional[float] = ..., codec_s: _Optional[float] = ..., streams: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("kind", "round", "tensor", "shard", "codec", "seq", "part", "parts", "data", "crc32")
@@ -144,7 +166,7 @@ class Receipt(_message.Message):
     def __init__(self, round: _Optional[int] = ..., accepted: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RoundEnd(_message.Message):
-    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final", "codec_params")
+    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final", "codec_params", "streams")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +175,7 @@ class RoundEnd(_message.Message):
     CODEC_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     weights_digest: str
@@ -161,7 +184,8 @@ class RoundEnd(_message.Message):
     codec: str
     final: bool
     codec_params: str
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ..., codec_params: _Optional[str] = ...) -> None: ...
+    streams: int
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ..., codec_params: _Optional[str] = ..., streams: _Optional[int] = ...) -> None: ...
 
 class WeightsEnd(_message.Message):
     __slots__ = ("round", "chunks", "weights_digest", "final")
@@ -176,46 +200,60 @@ class WeightsEnd(_message.Message):
     def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probes_settled", "probes_lost")
+    __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probes_settled", "probes_lost", "received")
     SENT_NS_FIELD_NUMBER: _ClassVar[int]
     ECHO_NS_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     PROBES_SETTLED_FIELD_NUMBER: _ClassVar[int]
     PROBES_LOST_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
     sent_ns: int
     echo_ns: int
     rtt_ms: float
     probes_settled: int
     probes_lost: int
-    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., probes_settled: _Optional[int] = ..., probes_lost: _Optional[int] = ...) -> None: ...
+    received: int
+    def __init__(self, sent_ns: _Optional[int] = ..., echo_ns: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., probes_settled: _Optional[int] = ..., probes_lost: _Optional[int] = ..., received: _Optional[int] = ...) -> None: ...
+
+class StripeJoin(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "contribution", "chunk", "heartbeat")
+    __slots__ = ("hello", "contribution", "chunk", "heartbeat", "stripe_join", "order")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    STRIPE_JOIN_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     contribution: Contribution
     chunk: Chunk
     heartbeat: Heartbeat
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    stripe_join: StripeJoin
+    order: int
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., stripe_join: _Optional[_Union[StripeJoin, _Mapping]] = ..., order: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "chunk", "receipt", "round_end", "weights_end", "heartbeat")
+    __slots__ = ("welcome", "chunk", "receipt", "round_end", "weights_end", "heartbeat", "order")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     ROUND_END_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_END_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     chunk: Chunk
     receipt: Receipt
     round_end: RoundEnd
     weights_end: WeightsEnd
     heartbeat: Heartbeat
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., round_end: _Optional[_Union[RoundEnd, _Mapping]] = ..., weights_end: _Optional[_Union[WeightsEnd, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    order: int
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., round_end: _Optional[_Union[RoundEnd, _Mapping]] = ..., weights_end: _Optional[_Union[WeightsEnd, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., order: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("windows",)
@@ -240,7 +278,7 @@ class LinkWindow(_message.Message):
     def __init__(self, start_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., probes: _Optional[int] = ..., probes_lost: _Optional[int] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +296,9 @@ class AgentStatus(_message.Message):
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_UP_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -275,10 +316,39 @@ class AgentStatus(_message.Message):
     windows: _containers.RepeatedCompositeFieldContainer[LinkWindow]
     raw_bytes_up: int
     raw_bytes_down: int
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ...) -> None: ...
+    streams: int
+    stream_switches: int
+    efficiency: LinkEfficiency
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ...) -> None: ...
+
+class LinkEfficiency(_message.Message):
+    __slots__ = ("round", "cloud", "name", "exchange_s", "floor_s", "ratio", "rtt_ms", "rate_mbit", "goodput_mbit", "streams", "limit")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_S_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_S_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    RATE_MBIT_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_MBIT_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    cloud: str
+    name: str
+    exchange_s: float
+    floor_s: float
+    ratio: float
+    rtt_ms: float
+    rate_mbit: float
+    goodput_mbit: float
+    streams: int
+    limit: str
+    def __init__(self, round: _Optional[int] = ..., cloud: _Optional[str] = ..., name: _Optional[str] = ..., exchange_s: _Optional[float] = ..., floor_s: _Optional[float] = ..., ratio: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., rate_mbit: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., streams: _Optional[int] = ..., limit: _Optional[str] = ...) -> None: ...
 
 class RoundStat(_message.Message):
-    __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec", "wall_s")
+    __slots__ = ("round", "duration_s", "train_s", "contributors", "mean_loss", "bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down", "downlink_codec", "wall_s", "links")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     TRAIN_S_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +360,7 @@ class RoundStat(_message.Message):
     RAW_BYTES_DOWN_FIELD_NUMBER: _ClassVar[int]
     DOWNLINK_CODEC_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     round: int
     duration_s: float
     train_s: float
@@ -301,7 +372,8 @@ class RoundStat(_message.Message):
     raw_bytes_down: int
     downlink_codec: str
     wall_s: float
-    def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ..., wall_s: _Optional[float] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkEfficiency]
+    def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ..., wall_s: _Optional[float] = ..., links: _Optional[_Iterable[_Union[LinkEfficiency, _Mapping]]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange", "rounds_planned", "min_agents", "refusals", "checkpoints", "checkpoint_s", "eval_round", "eval_loss")

@@ -42,6 +42,11 @@ class FederationStub:
                 request_serializer=skyfed_dot_proto_dot_federation__pb2.AgentMessage.SerializeToString,
                 response_deserializer=skyfed_dot_proto_dot_federation__pb2.CoordinatorMessage.FromString,
                 _registered_method=True)
+        self.Stripe = channel.stream_stream(
+                '/skyfed.v1.Federation/Stripe',
+                request_serializer=skyfed_dot_proto_dot_federation__pb2.AgentMessage.SerializeToString,
+                response_deserializer=skyfed_dot_proto_dot_federation__pb2.CoordinatorMessage.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/skyfed.v1.Federation/Status',
                 request_serializer=skyfed_dot_proto_dot_federation__pb2.StatusRequest.SerializeToString,
@@ -61,6 +66,15 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stripe(self, request_iterator, context):
+        """A further connection of a striped session (docs/striping.md): its first message is a
+        StripeJoin with the welcome's token, presented under the session's own identity;
+        after that it carries chunks only, both ways.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -72,6 +86,11 @@ def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
+                    request_deserializer=skyfed_dot_proto_dot_federation__pb2.AgentMessage.FromString,
+                    response_serializer=skyfed_dot_proto_dot_federation__pb2.CoordinatorMessage.SerializeToString,
+            ),
+            'Stripe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stripe,
                     request_deserializer=skyfed_dot_proto_dot_federation__pb2.AgentMessage.FromString,
                     response_serializer=skyfed_dot_proto_dot_federation__pb2.CoordinatorMessage.SerializeToString,
             ),
@@ -109,6 +128,33 @@ class Federation:
             request_iterator,
             target,
             '/skyfed.v1.Federation/Session',
+            skyfed_dot_proto_dot_federation__pb2.AgentMessage.SerializeToString,
+            skyfed_dot_proto_dot_federation__pb2.CoordinatorMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stripe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/skyfed.v1.Federation/Stripe',
             skyfed_dot_proto_dot_federation__pb2.AgentMessage.SerializeToString,
             skyfed_dot_proto_dot_federation__pb2.CoordinatorMessage.FromString,
             options,

@@ -1,17 +1,21 @@
-"""The sending side of one session stream: messages in order, heartbeats ahead of chunks."""
+"""The sending side of one session: messages in order, heartbeats ahead of chunks, and the
+lanes of a striped session (``proto/stripes.py``)."""
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Iterator
 
 from google.protobuf.message import Message
 
+from skyfed.proto.stripes import Kind, Lane, Spread
+
+KINDS = {"heartbeat": Kind.BEAT, "chunk": Kind.CHUNK}
+"""How each message body travels; every other body is a control message."""
+
 
 class Outbox:
-    """Messages waiting for one gRPC stream. Heartbeats overtake what is queued; every
-    other message keeps its order.
+    """Messages waiting for one session's streams. Heartbeats overtake what is queued;
+    every other message keeps its order.
 
     gRPC's synchronous streams send one message at a time and take the next only when the
     transport has accepted the last, which on a slow link is when flow control lets it go.
@@ -23,40 +27,60 @@ class Outbox:
     link a heartbeat waits out the retransmission of the bytes ahead of it, which is why
     round trips travel on the probe instead (``coordinator/probe.py``). Overtaking is safe:
     heartbeats carry measurements, nothing a chunk or a round message depends on.
+
+    Iterating the outbox drains its primary lane. Once :meth:`start_striping` is called,
+    every message but a heartbeat carries its position in ``order``, and :meth:`stripe`
+    opens further lanes that carry chunks (``docs/striping.md``).
     """
 
     def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._beats: deque[Message] = deque()
-        self._queued: deque[Message] = deque()
-        self._closed = False
+        self.spread: Spread[Message] = Spread(ordered=False)
+        self._primary = self.spread.lane(primary=True)
 
     def put(self, message: Message) -> None:
-        """Queue ``message`` (an ``AgentMessage`` or ``CoordinatorMessage``); once the
-        outbox is closed, drop it."""
-        with self._ready:
-            if self._closed:
-                return
-            heartbeat = message.WhichOneof("body") == "heartbeat"
-            (self._beats if heartbeat else self._queued).append(message)
-            self._ready.notify()
+        """Queue ``message`` (an ``AgentMessage`` or ``CoordinatorMessage``, owned by this
+        outbox from now on); once the outbox is closed, drop it."""
+        self.spread.put(message, KINDS.get(message.WhichOneof("body"), Kind.CONTROL))
+
+    def start_striping(self) -> None:
+        """Number every message put from now on: the session may stripe."""
+        self.spread.start_ordering()
+
+    def acked(self, position: int) -> None:
+        """The peer holds every position up to ``position`` (its heartbeat's ``received``)."""
+        self.spread.acked(position)
+
+    def stripe(self) -> StripeLane:
+        """A further lane: the chunks one more connection sends."""
+        return StripeLane(self.spread.lane())
 
     def close(self) -> None:
-        """End the stream once what is queued has been sent."""
-        with self._ready:
-            self._closed = True
-            self._ready.notify()
+        """End the streams once what is queued has been sent."""
+        self.spread.close()
 
     def __iter__(self) -> Iterator[Message]:
-        """The messages in sending order, until the outbox is closed and empty (the
-        request or response iterator that gRPC drains)."""
-        while True:
-            with self._ready:
-                self._ready.wait_for(lambda: self._beats or self._queued or self._closed)
-                if self._beats:
-                    message = self._beats.popleft()
-                elif self._queued:
-                    message = self._queued.popleft()
-                else:
-                    return
-            yield message
+        """The primary lane's messages in sending order, until the outbox is closed and
+        empty (the request or response iterator that gRPC drains)."""
+        return _stamped(self._primary)
+
+
+class StripeLane:
+    """One further connection's share of an outbox: iterate it for the messages to send;
+    :meth:`end` when the connection ends, so its unacknowledged chunks go on the others."""
+
+    def __init__(self, lane: Lane[Message]) -> None:
+        self.lane = lane
+        self.index = lane.index
+
+    def __iter__(self) -> Iterator[Message]:
+        return _stamped(self.lane)
+
+    def end(self) -> None:
+        self.lane.end()
+
+
+def _stamped(lane: Lane[Message]) -> Iterator[Message]:
+    for position, message in lane:
+        if position:
+            message.order = position
+        yield message

@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from skyfed.compression.monitor import Window
+from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.status import AgentStatus, RoundStats, Status
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
@@ -24,6 +25,7 @@ from skyfed.wire import (
     Announce,
     Chunk,
     CoordinatorMessage,
+    ExchangeTiming,
     Heartbeat,
     Hello,
     ProbeOffer,
@@ -84,7 +86,8 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     if isinstance(m, Heartbeat):
         return pb.AgentMessage(heartbeat=_to_proto(pb.Heartbeat, m))
     if isinstance(m, Announce):
-        return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m))
+        timing = None if m.timing is None else _to_proto(pb.ExchangeTiming, m.timing)
+        return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m, timing=timing))
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
@@ -96,7 +99,9 @@ def agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
     if kind == "heartbeat":
         return _from_proto(Heartbeat, m.heartbeat)
     if kind == "contribution":
-        return _from_proto(Announce, m.contribution)
+        c = m.contribution
+        timing = _from_proto(ExchangeTiming, c.timing) if c.HasField("timing") else None
+        return _from_proto(Announce, c, timing=timing)
     if kind == "hello":
         h = m.hello
         return _from_proto(
@@ -165,19 +170,35 @@ def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage) -> int:
 
 def status_to_proto(s: Status) -> pb.StatusReply:
     agents = [
-        _to_proto(pb.AgentStatus, a, windows=[_to_proto(pb.LinkWindow, w) for w in a.windows])
+        _to_proto(
+            pb.AgentStatus,
+            a,
+            windows=[_to_proto(pb.LinkWindow, w) for w in a.windows],
+            efficiency=None if a.efficiency is None else _to_proto(pb.LinkEfficiency, a.efficiency),
+        )
         for a in s.agents
     ]
-    rounds = [_to_proto(pb.RoundStat, r) for r in s.rounds]
+    rounds = [
+        _to_proto(pb.RoundStat, r, links=[_to_proto(pb.LinkEfficiency, e) for e in r.links])
+        for r in s.rounds
+    ]
     return _to_proto(pb.StatusReply, s, agents=agents, rounds=rounds)
 
 
 def status_from_proto(s: pb.StatusReply) -> Status:
     agents = [
-        _from_proto(AgentStatus, a, windows=[_from_proto(Window, w) for w in a.windows])
+        _from_proto(
+            AgentStatus,
+            a,
+            windows=[_from_proto(Window, w) for w in a.windows],
+            efficiency=_from_proto(Efficiency, a.efficiency) if a.HasField("efficiency") else None,
+        )
         for a in s.agents
     ]
-    rounds = [_from_proto(RoundStats, r) for r in s.rounds]
+    rounds = [
+        _from_proto(RoundStats, r, links=[_from_proto(Efficiency, e) for e in r.links])
+        for r in s.rounds
+    ]
     return _from_proto(Status, s, agents=agents, rounds=rounds, refusals=dict(s.refusals))
 
 

@@ -45,3 +45,7 @@ class LateContributionError(FederationError):
 
 class AlreadyContributedError(FederationError):
     """An earlier session of the same identity already contributed to this round."""
+
+
+class NoSessionError(FederationError):
+    """A stripe that names no live session of its identity (it ended or was replaced)."""

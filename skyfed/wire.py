@@ -91,6 +91,23 @@ class Hello:
     last_round: int
     weights_digest: str
     exchanges: tuple[str, ...]
+    max_streams: int = 0
+    """Connections it can stripe its session over (0, 1: none; docs/striping.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeTiming:
+    """One round's exchange as the agent timed it, on its own clock (docs/striping.md)."""
+
+    round: int
+    up_s: float
+    """Its contribution sent -> its receipt arrived."""
+    down_s: float
+    """The aggregate's first chunk arrived -> its round end arrived."""
+    codec_s: float = 0.0
+    """Encoding the contribution."""
+    streams: int = 1
+    """Connections the session striped over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +120,8 @@ class Announce:
     loss: float = 0.0
     train_s: float = 0.0
     raw_bytes: int = 0
+    timing: ExchangeTiming | None = None
+    """The agent's last exchange, as it timed it (efficiency only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +131,8 @@ class Heartbeat:
     rtt_ms: float = 0.0
     probes_settled: int = 0
     probes_lost: int = 0
+    received: int = 0
+    """Striped sessions: every position up to this one has arrived (proto/stripes.py)."""
 
 
 AgentMessage = Hello | Announce | Chunk | Heartbeat
@@ -144,6 +165,10 @@ class Welcome:
     probe: ProbeOffer | None = None
     overlap: bool = False
     """Train round r+1 while round r's exchange is in flight (docs/wan.md#overlap)."""
+    stripe_token: bytes = b""
+    """Joins a Stripe call to this session (empty: the session does not stripe)."""
+    streams: int = 0
+    """Connections to stripe over, the primary included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +189,8 @@ class RoundEnd:
     codec: str
     codec_params: str
     final: bool
+    streams: int = 0
+    """Connections to stripe over from the next round (0: as now)."""
 
 
 @dataclass(frozen=True, slots=True)

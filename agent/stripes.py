@@ -1,0 +1,128 @@
+"""The agent's further connections of a striped session: one TLS channel and Stripe call each.
+
+Each lane dials its own channel with its own subchannel pool, so it really is its own TCP
+connection (gRPC otherwise shares one connection between channels with the same target
+and arguments, and HTTP/2 streams on one connection share its one congestion window).
+Each presents the agent's certificate and the welcome's join token; after that it
+carries chunks both ways. A lane that ends gives its unacknowledged chunks back to the
+session's other lanes (``proto/stripes.py``); the session goes on (``docs/striping.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto.outbox import StripeLane
+from skyfed.proto.stripes import Merge
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Open:
+    lane: StripeLane
+    channel: grpc.Channel
+    call: grpc.Call
+    reader: threading.Thread
+
+
+class Stripes:
+    """The lanes of one session beyond its primary call, kept at the count the coordinator
+    names (:meth:`resize`).
+
+    ``dial`` opens a channel on a TCP connection of its own; ``open_lane`` gives the next
+    lane of the session's outbox to send on; what a lane receives goes to ``merge``; a
+    lane whose peer breaks the protocol calls ``fail`` (which ends the session).
+    """
+
+    def __init__(
+        self,
+        dial: Callable[[], grpc.Channel],
+        open_lane: Callable[[], StripeLane],
+        merge: Merge,
+        token: bytes,
+        fail: Callable[[grpc.StatusCode, str], None],
+    ) -> None:
+        self.dial, self.open_lane, self.merge, self.token = dial, open_lane, merge, token
+        self.fail = fail
+        self._lock = threading.Lock()
+        self._open: dict[int, _Open] = {}
+        self._closed = False
+        self.ended = 0
+        """Lanes that ended under the session (a connection that died)."""
+
+    @property
+    def streams(self) -> int:
+        """Connections the session stripes over now, the primary included."""
+        with self._lock:
+            return 1 + len(self._open)
+
+    def resize(self, streams: int) -> None:
+        """Open or close lanes until the session stripes over ``streams`` connections."""
+        with self._lock:
+            if self._closed or 1 + len(self._open) == max(1, streams):
+                return
+            while 1 + len(self._open) < streams:
+                self._start()
+            while 1 + len(self._open) > max(1, streams):
+                index = max(self._open)
+                self._open.pop(index).lane.end()  # its stream ends; what it held goes on
+        log.info("[Agent.Stripe] streams=%d", streams)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            lanes, self._open = list(self._open.values()), {}
+        for each in lanes:
+            each.lane.end()
+            each.call.cancel()
+            each.channel.close()
+
+    def _start(self) -> None:
+        lane = self.open_lane()
+        channel = self.dial()
+        call = pb_grpc.FederationStub(channel).Stripe(self._requests(lane))
+        reader = threading.Thread(
+            target=self._read, args=(lane.index, call), name=f"stripe-{lane.index}", daemon=True
+        )
+        self._open[lane.index] = _Open(lane, channel, call, reader)
+        reader.start()
+
+    def _requests(self, lane: StripeLane) -> Iterator[pb.AgentMessage]:
+        yield pb.AgentMessage(stripe_join=pb.StripeJoin(token=self.token))
+        yield from lane
+
+    def _read(self, index: int, call: grpc.Call) -> None:
+        try:
+            for message in call:
+                self.merge.add(message.order, message, message.ByteSize())
+            why = "the coordinator closed it"
+        except grpc.RpcError as exc:
+            why = f"{exc.code().name}: {exc.details()}"
+        except Exception as exc:  # a broken stream from the coordinator ends the session
+            log.warning("[Agent.Stripe] lane=%d: %s", index, exc)
+            self.fail(grpc.StatusCode.INTERNAL, f"stripe {index}: {exc}")
+            why = str(exc)
+        self._lost(index, why)
+
+    def _lost(self, index: int, why: str) -> None:
+        with self._lock:
+            each = self._open.pop(index, None)
+        if each is None:
+            return  # closed or resized away on purpose
+        each.lane.end()
+        each.channel.close()
+        self.ended += 1
+        log.warning(
+            "[Agent.Stripe] lane=%d ended (%s); the session goes on over %d connection(s)",
+            index,
+            why,
+            self.streams,
+        )

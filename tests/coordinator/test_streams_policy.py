@@ -1,0 +1,126 @@
+"""The choice of N per link (``coordinator/streams.py``): Mathis's cap says when more
+streams should help, the measured goodput says whether they did."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from skyfed.certs.identity import Identity
+from skyfed.compression.monitor import MonitorConfig
+from skyfed.compression.policy import PolicyConfig
+from skyfed.coordinator.links import Links
+from skyfed.coordinator.session import Session
+from skyfed.coordinator.streams import (
+    StreamsConfig,
+    StreamsState,
+    mathis_mbit,
+    step,
+    streams_for,
+)
+
+
+def run(link, rtt_ms: float, loss_pct: float, uploads: int, config: StreamsConfig) -> list[int]:
+    """The N of every upload on a link whose goodput at N streams is ``link(N)``."""
+    state, seen = StreamsState(), []
+    for _ in range(uploads):
+        seen.append(state.streams)
+        state = step(state, link(state.streams), rtt_ms, loss_pct, config).state
+    return seen
+
+
+def test_mathis_cap_at_the_cross_region_profile_is_a_few_mbit():
+    # 1448 B x 8 / 0.12 s x 1.22 / sqrt(0.005): the figure the issue measured for one stream.
+    assert mathis_mbit(120, 0.5) == pytest.approx(1.67, abs=0.01)
+    assert mathis_mbit(120, 0.0) == math.inf
+    assert math.isnan(mathis_mbit(math.nan, 0.5))
+    assert streams_for(30.0, 120, 0.5) == 18
+
+
+def test_a_loss_limited_link_climbs_until_goodput_stops_growing():
+    cap = mathis_mbit(120, 0.5)
+    rate = 20.0  # the path is full at 20 Mbit/s: about 12 streams' worth
+
+    def link(n: int) -> float:
+        return min(n * cap * 0.9, rate)
+
+    seen = run(link, 120, 0.5, 12, StreamsConfig(max_streams=64))
+    assert seen[:5] == [1, 2, 4, 8, 16]
+    assert seen[5] == 32  # 16 streams still ran near their cap: one more probe
+    assert seen[6:10] == [16] * 4  # 32 moved no more than 16: back, and held
+    assert link(16) == rate
+
+
+def test_a_probe_that_does_not_pay_goes_back_and_holds():
+    cap = mathis_mbit(120, 0.5)
+
+    def link(n: int) -> float:
+        return min(n, 2) * cap  # more than two streams add nothing
+
+    config = StreamsConfig(max_streams=16, hold_transfers=3)
+    seen = run(link, 120, 0.5, 10, config)
+    assert seen[:4] == [1, 2, 4, 2]
+    assert seen[4:7] == [2, 2, 2]  # held
+    assert seen[7] == 4  # and probes again
+    assert max(seen) <= 16
+
+
+def test_n_never_exceeds_max_streams():
+    seen = run(lambda n: n * mathis_mbit(120, 2.0), 120, 2.0, 20, StreamsConfig(max_streams=6))
+    assert max(seen) == 6
+    assert seen[-1] == 6
+
+
+def test_a_clean_link_stays_on_one_plain_stream():
+    seen = run(lambda n: 90.0, 120, 0.0, 8, StreamsConfig())
+    assert seen == [1] * 8
+
+
+def test_streams_far_below_their_cap_are_halved_when_goodput_holds():
+    state = StreamsState(streams=8)
+    config = StreamsConfig()
+    decision = step(state, 5.0, 20, 0.01, config)  # cap ~ 70 Mbit/s each, 0.6 used
+    assert decision.state.streams == 4
+    kept = step(decision.state, 4.9, 20, 0.01, config)
+    assert kept.state.streams == 4 and not kept.state.probe_from
+
+
+def test_nothing_measured_changes_nothing():
+    state = StreamsState(streams=4)
+    assert step(state, math.nan, 120, 0.5, StreamsConfig()).state == state
+    assert step(state, 10.0, math.nan, 0.5, StreamsConfig()).state == state
+
+
+def test_bad_streams_options_name_the_field():
+    with pytest.raises(ValueError, match="max_streams=0"):
+        StreamsConfig(max_streams=0)
+    with pytest.raises(ValueError, match="idle_frac"):
+        StreamsConfig(idle_frac=0.6)
+
+
+def test_a_links_change_of_n_is_logged_with_its_figures_and_counted_at_the_boundary(caplog):
+    """The coordinator's side: uploads on a loss-limited link move its N up, and the round
+    boundary logs the change with the figures that chose it, as a codec switch is."""
+    links = Links("fp16", PolicyConfig(), MonitorConfig(), [1000], StreamsConfig(max_streams=8))
+    ident = Identity(trust_domain="skyfed.local", role="agent", name="aws-1", cloud="aws")
+    session = Session(ident, "ipv4:127.0.0.1:1")
+    session.stripe_token, session.max_streams = b"t" * 16, 8
+    link = links.open(session, 0)
+    t0 = time.monotonic()
+    link.monitor.add_rtt(t0, 120.0)
+    link.monitor.add_probes(t0, 1000, 10)  # ~0.5 % one way
+    link.monitor.poll(t0 + 10.0)
+    cap_mbit = mathis_mbit(120.0, link.stats().loss_pct)
+    nbytes = int(cap_mbit * 1e6 / 8)  # one second at one stream's cap
+    link.upload_begins(0, t0 + 100.0)
+    link.upload_done(nbytes, t0 + 101.0, connections=1)
+    with caplog.at_level("INFO", logger="skyfed.coordinator.links"):
+        assert links.streams_at_boundary(session) == 2
+    assert session.streams == 2 and session.stream_switches == 1
+    (line,) = [r.getMessage() for r in caplog.records if "[Coordinator.Streams]" in r.getMessage()]
+    assert "from=1 to=2" in line and "rtt_ms=120.0" in line and "cap_mbit=" in line
+    link.upload_begins(nbytes, t0 + 200.0)
+    link.upload_done(nbytes + 2 * nbytes, t0 + 201.0, connections=2)  # twice the goodput: kept
+    assert links.streams_at_boundary(session) == 4
