@@ -80,6 +80,10 @@ def serve(config_path: Path | None, log_level: str | None, **flags: object) -> N
         # (bounded by final_wait_s), or when stopped.
         while not stop.is_set() and running.driver.is_alive():
             stop.wait(0.2)
+    failure = running.federation.failure
+    if failure is not None:
+        click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
+        raise SystemExit(1)
 
 
 @main.command()

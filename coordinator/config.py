@@ -77,6 +77,13 @@ class CoordinatorConfig:
     """After the last round, how long to wait for agents to close their streams (each does
     once it has applied that round) before the coordinator stops; on a slow link the final
     broadcast takes a while."""
+    max_streams_per_identity: int = 4
+    """Open session streams one certificate identity may hold at once (a reconnect may
+    briefly overlap its old stream; striped connections of one session count as one). One
+    identity over the limit is refused with RESOURCE_EXHAUSTED and logged, so it cannot
+    fill the server's RPC slots (docs/security.md, "Stream limits")."""
+    hello_timeout_s: float = 10.0
+    """A stream that sends no hello this long after opening ends with DEADLINE_EXCEEDED."""
     port_file: Path | None = None
     """Write the bound port here once serving (for port 0)."""
     status_file: Path | None = None
@@ -147,6 +154,16 @@ class CoordinatorConfig:
             "liveness_timeout_s",
             self.liveness_timeout_s,
             "longer than two heartbeats",
+        )
+        require(
+            "coordinator",
+            self.max_streams_per_identity >= 1,
+            "max_streams_per_identity",
+            self.max_streams_per_identity,
+            ">= 1",
+        )
+        require(
+            "coordinator", self.hello_timeout_s > 0, "hello_timeout_s", self.hello_timeout_s, "> 0"
         )
         require("coordinator", self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
         require("coordinator", ":" in self.listen, "listen", self.listen, "HOST:PORT")

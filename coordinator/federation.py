@@ -48,10 +48,14 @@ class Federation:
         self.weights = weights
         self.round = 0
         self.sessions: dict[str, Session] = {}
+        self.revoked: dict[str, Session] = {}
+        """Sessions ended by revocation, kept for status (state ``revoked``)."""
         self.cond = threading.Condition()
         self.started_at = time.monotonic()
         self.finished = False
         self.stopping = False
+        self.failure: Exception | None = None
+        """What ended the round driver, if it failed (the process then exits non-zero)."""
         self.history: deque[RoundStats] = deque(maxlen=HISTORY)
         self.stats = RoundStats(self.round, time.monotonic())
         self.aggregate = RoundAggregate(self.spec)

@@ -13,7 +13,9 @@ import grpc
 
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.limits import StreamLimits
 from skyfed.coordinator.probe import ProbeEcho
+from skyfed.coordinator.revocation import RevocationWatch
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
@@ -66,14 +68,19 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
     )
-    serve_federation(server, federation, PeerAuthenticator(config.crl, config.ca))
+    auth = PeerAuthenticator(config.crl, config.ca)
+    limits = StreamLimits(config.max_streams_per_identity, config.hello_timeout_s)
+    serve_federation(server, federation, auth, limits)
     port = server.add_secure_port(config.listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
     echo = _start_echo(config)
     federation.links.echo = echo
     server.start()
-    driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
+    watch = None
+    if auth.revocations is not None:
+        watch = RevocationWatch(auth.revocations, limits, federation).start()
+    driver = threading.Thread(target=_drive, args=(federation,), name="rounds", daemon=True)
     driver.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
     if config.port_file is not None:
@@ -83,10 +90,26 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     finally:
         federation.stop()
         driver.join(timeout=10)
-        server.stop(grace=2).wait()
+        for session in list(federation.sessions.values()):
+            session.close()  # ends each stream's generator, so stop() does not wait on it
+        server.stop(grace=2).wait(timeout=10)
+        if watch is not None:
+            watch.close()
         if echo is not None:
             echo.close()
-        federation.write_status()
+        if federation.failure is None:
+            federation.write_status()
+
+
+def _drive(federation: Federation) -> None:
+    """The round driver's thread. A failure is kept in ``federation.failure`` and ends the
+    driver, so the process ends non-zero with the reason (``coordinator/cli.py``) rather
+    than serving on with no rounds: a supervisor restarts it from the last checkpoint."""
+    try:
+        federation.run()
+    except Exception as exc:  # noqa: BLE001 - any failure here ends the process
+        federation.failure = exc
+        log.critical("[Coordinator.Rounds] round driver failed: %r", exc, exc_info=True)
 
 
 def _start_echo(config: CoordinatorConfig) -> ProbeEcho | None:

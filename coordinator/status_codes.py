@@ -15,6 +15,7 @@ from skyfed.errors import (
     OversizedError,
     ProtocolError,
     RevokedError,
+    TooManyStreamsError,
     UnsupportedExchangeError,
 )
 
@@ -30,6 +31,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,
+    TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -45,3 +45,7 @@ class LateContributionError(FederationError):
 
 class AlreadyContributedError(FederationError):
     """An earlier session of the same identity already contributed to this round."""
+
+
+class TooManyStreamsError(FederationError):
+    """An identity that already holds as many open streams as it may."""
