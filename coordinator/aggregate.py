@@ -89,6 +89,13 @@ class Contribution:
         self._added.clear()
         self.done = True
 
+    def scale(self, factor: float) -> None:
+        """Count what was added so far ``factor`` times instead (norm clipping,
+        ``coordinator/robust.py``); before :meth:`commit`, under the federation's lock."""
+        for payload in self._added:
+            values = decode_payload(payload.data)
+            self._agg._add(payload.tensor, payload.shard, values, -(1.0 - factor) * self.samples)
+
     def withdraw(self) -> None:
         """Subtract what was added so far; the round's sum is as if it never came."""
         for payload in reversed(self._added):

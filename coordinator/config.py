@@ -44,6 +44,14 @@ class CoordinatorConfig:
     """Stop after this many rounds (0: run until stopped)."""
     outer_lr: float = 1.0
     """Step size applied to the mean pseudo-gradient (1.0 is federated averaging)."""
+    max_samples: int = 65536
+    """The most weight (``samples``) one contribution counts with in the mean; a larger
+    claim is capped and logged. Set it to the largest honest site's samples per round
+    (``local_steps`` x batch size) so no site outweighs that (docs/security.md)."""
+    clip_norm_ratio: float = 4.0
+    """An update whose L2 norm exceeds this times the median of the recent accepted
+    updates' norms is scaled down to that bound before it counts (0: no clipping). Costs
+    no memory; its loss cost on the embedded task is in docs/security.md."""
     exchange: str = "delta"
     """What agents contribute each round (told in the welcome). ``delta``: the change over
     their ``local_steps`` steps of the task's optimizer (a pseudo-gradient). ``gradient``:
@@ -101,6 +109,14 @@ class CoordinatorConfig:
         )
         require("coordinator", self.rounds >= 0, "rounds", self.rounds, ">= 0")
         require("coordinator", self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
+        require("coordinator", self.max_samples >= 1, "max_samples", self.max_samples, ">= 1")
+        require(
+            "coordinator",
+            self.clip_norm_ratio == 0 or self.clip_norm_ratio >= 1,
+            "clip_norm_ratio",
+            self.clip_norm_ratio,
+            "0 (off) or >= 1",
+        )
         require(
             "coordinator",
             self.exchange in EXCHANGES,

@@ -23,6 +23,7 @@ from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.downlink import Downlink
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
+from skyfed.coordinator.robust import NormBound
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
@@ -62,6 +63,7 @@ class Federation:
         self.contributed: set[str] = set()
         self.round_open = False
         self.max_payload = max_payload_bytes(self.spec)
+        self.norm_bound = NormBound(config.clip_norm_ratio)
         self.links = Links(
             config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
         )
