@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import threading
 from pathlib import Path
@@ -11,7 +13,8 @@ import click
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.outer import OUTER_OPTIMIZERS
-from skyfed.logs import setup_logging
+from skyfed.logs import LOG_LEVELS, setup_logging
+from skyfed.tasks.registry import TaskLoadError
 from skyfed.wire import EXCHANGES
 
 
@@ -67,7 +70,12 @@ def main() -> None:
 @click.option(
     "--status-file", type=click.Path(path_type=Path), help="Status JSON, rewritten each round."
 )
-@click.option("--log-level", default=None)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
+)
 def serve(config_path: Path | None, log_level: str | None, **flags: object) -> None:
     """Serve the federation until its rounds are done or SIGTERM/SIGINT."""
     setup_logging(log_level, who="coordinator")
@@ -75,14 +83,14 @@ def serve(config_path: Path | None, log_level: str | None, **flags: object) -> N
         config = load_config(
             CoordinatorConfig, component="coordinator", path=config_path, flags=flags
         )
-    except (ValueError, OSError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
-    from skyfed.coordinator.server import run_server
-
+    check_paths(config)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with run_server(config) as running:
+    with contextlib.ExitStack() as stack:
+        running = start(stack, config)
         click.echo(f"coordinator listening on port {running.port}", err=True)
         # The driver ends after the last round once the agents have closed their streams
         # (bounded by final_wait_s), or when stopped.
@@ -92,6 +100,34 @@ def serve(config_path: Path | None, log_level: str | None, **flags: object) -> N
     if failure is not None:
         click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
         raise SystemExit(1)
+
+
+def check_paths(config: CoordinatorConfig) -> None:
+    """Every file the coordinator reads exists, every file it writes has a directory: a
+    wrong path is one line at the start (exit 2), not a traceback after round 0."""
+    for option, path in (("--ca", config.ca), ("--cert", config.cert), ("--key", config.key)):
+        if path is not None and not path.is_file():
+            hint = " (check --certs)" if config.certs is not None else ""
+            raise click.UsageError(f"{option} {path} does not exist{hint}")
+    if config.crl is not None and not config.crl.is_file():
+        raise click.UsageError(f"--crl {config.crl} does not exist (run `certs refresh-crl`)")
+    for option, path in (("--status-file", config.status_file), ("--port-file", config.port_file)):
+        if path is not None and not path.parent.is_dir():
+            raise click.UsageError(f"{option} {path}: directory {path.parent} does not exist")
+
+
+def start(stack: contextlib.ExitStack, config: CoordinatorConfig):  # noqa: ANN201
+    """The running server; a task that cannot be loaded is a usage error (exit 2), a
+    checkpoint or a port it cannot use a one-line error (exit 1)."""
+    from skyfed.coordinator.server import run_server
+
+    try:
+        return stack.enter_context(run_server(config))
+    except TaskLoadError as exc:
+        raise click.UsageError(f"--task: {exc}") from exc
+    except (RuntimeError, OSError) as exc:
+        logging.getLogger(__name__).debug("start failed", exc_info=True)
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,8 @@ class CoordinatorConfig:
             self.sgd_momentum,
             "in [0, 1)",
         )
-        self.policy = _section(PolicyConfig, self.policy, "mode")
-        self.monitor = _section(MonitorConfig, self.monitor, "window_s")
+        self.policy = _section(PolicyConfig, self.policy, "mode", "policy")
+        self.monitor = _section(MonitorConfig, self.monitor, "window_s", "monitor")
         if self.exchange == "gradient":
             self.policy = self.policy.for_gradient_exchange()
             bits = self.policy.ecsgd_bits
@@ -196,7 +197,14 @@ class CoordinatorConfig:
             "coordinator", self.hello_timeout_s > 0, "hello_timeout_s", self.hello_timeout_s, "> 0"
         )
         require("coordinator", self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
-        require("coordinator", ":" in self.listen, "listen", self.listen, "HOST:PORT")
+        port = self.listen.rpartition(":")[2]
+        require(
+            "coordinator",
+            ":" in self.listen and port.isdigit() and int(port) < 65536,
+            "listen",
+            self.listen,
+            "HOST:PORT with a port 0-65535 (0: any free one)",
+        )
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / "coordinator.crt"
@@ -212,11 +220,17 @@ class CoordinatorConfig:
             )
 
 
-def _section(cls: type, value: Any, scalar_key: str) -> Any:
+def _section(cls: type, value: Any, scalar_key: str, section: str) -> Any:
     """A nested option: the dataclass itself, a TOML table of its fields, or one scalar."""
     if isinstance(value, cls):
         return value
     if isinstance(value, dict):
-        return cls(**value)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        require("coordinator", not unknown, f"[{section}]", unknown, f"keys of {sorted(known)}")
+        try:
+            return cls(**value)
+        except TypeError as exc:  # a value of the wrong type meeting a comparison
+            raise ValueError(f"coordinator option [{section}]: {exc}") from exc
     kind = type(getattr(cls(), scalar_key))
     return cls(**{scalar_key: kind(value)})

@@ -31,7 +31,7 @@ from skyfed.coordinator.status import RoundStats, Status, build_status
 from skyfed.files import write_text_atomic
 from skyfed.fingerprint import TensorInfo, spec_digest, weights_digest
 from skyfed.proto import serde
-from skyfed.wire import max_payload_bytes
+from skyfed.wire import max_payload_bytes, raw_bytes
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,9 @@ class Federation:
     def _resume(self) -> None:
         if self.config.checkpoint_dir is None:
             return
+        checkpoint.clean_stale(self.config.checkpoint_dir)
+        # Weights, downlink residual and outer momentum: up to three float32 model copies.
+        checkpoint.check_room(self.config.checkpoint_dir, 3 * raw_bytes(self.spec))
         ckpt = checkpoint.load(self.config.checkpoint_dir)
         if ckpt is None:
             return

@@ -7,6 +7,9 @@ import os
 import threading
 import time
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""What ``--log-level`` accepts (any case)."""
+
 
 def setup_logging(level: str | None = None, *, who: str = "skyfed") -> None:
     """One line per record, prefixed with the process's role (``coordinator``, ``aws-1``)."""
