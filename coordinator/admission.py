@@ -75,6 +75,8 @@ class Admission:
 
     def join(self, session: Session, hello: Hello) -> None:
         """Check a hello; welcome the session (with the weights if it is behind) or raise."""
+        if session.state != "connecting":  # only the session's own reader changes it
+            raise ProtocolError("a second hello on one session (open a new session instead)")
         self.check(session, hello)
         fed = self.fed
         with fed.cond:
@@ -197,6 +199,20 @@ class Admission:
                 del fed.sessions[session.key]
                 log.info("[Coordinator.Leave] agent=%s round=%d", session.key, fed.round)
             fed.cond.notify_all()
+
+    def revoke(self, session: Session, reason: str) -> None:
+        """End a revoked identity's stream: its contribution in flight is withdrawn, status
+        lists it as ``revoked``, and the stream ends with UNAUTHENTICATED."""
+        fed = self.fed
+        with fed.cond:
+            if fed.sessions.get(session.key) is session:
+                self.forget(session)
+                fed.links.close(session)
+                del fed.sessions[session.key]
+                session.state = "revoked"
+                fed.revoked[session.key] = session
+            fed.cond.notify_all()
+        session.close(grpc.StatusCode.UNAUTHENTICATED, reason)
 
     def forget(self, session: Session) -> None:
         """Withdraw whatever the session had half-sent; it never reaches the aggregate."""

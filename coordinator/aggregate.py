@@ -70,7 +70,8 @@ class RoundAggregate:
         out.zero_()
         for contribution in sorted(self._committed, key=lambda c: c.key):
             for payload in contribution.staged.get(tensor, ()):
-                decode_add_payload(payload.data, _narrow(out, payload.shard), contribution.samples)
+                alpha = contribution.samples * contribution.factor
+                decode_add_payload(payload.data, _narrow(out, payload.shard), alpha)
         return out.div_(self.total_samples)
 
     def mean(self) -> list[torch.Tensor]:
@@ -94,17 +95,21 @@ class Contribution:
         self.staged: dict[int, list[Payload]] = {}
         self._covered: dict[int, _Coverage] = {}
         self.done = False
+        self.factor = 1.0
+        """What its update is scaled by in the mean (norm clipping, ``coordinator/robust.py``)."""
 
-    def check(self, payload: Payload) -> None:
-        """Validate one payload fully (codec, shape, finite values) and claim its slice.
+    def check(self, payload: Payload) -> float:
+        """Validate one payload fully (codec, shape, finite values) and claim its slice;
+        the squared L2 norm of its values (the update's norm bound adds them up).
 
         Needs no lock: only the session's own reader thread calls it.
         """
         info = self._spec(payload.tensor)
         coverage = self._covered.setdefault(payload.tensor, _Coverage(info))
         interval = coverage.claim(payload.shard)
-        _check_payload(payload, info)
+        squares = _check_payload(payload, info)
         coverage.commit(interval)
+        return squares
 
     def stage(self, payload: Payload) -> None:
         """Hold a checked payload until the close; the caller holds the federation's lock."""
@@ -123,6 +128,11 @@ class Contribution:
         self._agg.total_samples += self.samples
         self._agg._committed.append(self)
         self.done = True
+
+    def scale(self, factor: float) -> None:
+        """Count the update ``factor`` times its size (norm clipping,
+        ``coordinator/robust.py``); its weight in the mean's denominator stays its samples."""
+        self.factor *= factor
 
     def withdraw(self) -> None:
         """Drop what was staged: the round's sum is exactly as if it never came."""
@@ -212,7 +222,7 @@ class _CheckBuffers:
 _CHECKS = _CheckBuffers(CHECK_BUFFERS)
 
 
-def _check_payload(payload: Payload, info: TensorInfo) -> None:
+def _check_payload(payload: Payload, info: TensorInfo) -> float:
     if payload.codec not in codec_names():
         raise BadContributionError(
             f"unknown codec {payload.codec!r}; this coordinator decodes {', '.join(codec_names())}"
@@ -228,6 +238,7 @@ def _check_payload(payload: Payload, info: TensorInfo) -> None:
             raise BadContributionError(f"{info.name}: {exc}") from exc
         if values.numel() and not _finite(values):
             raise BadContributionError(f"{info.name}: payload holds NaN or Inf values")
+        return float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
 
 
 def _finite(values: torch.Tensor) -> bool:

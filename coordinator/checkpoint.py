@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -93,8 +94,8 @@ def load(directory: Path) -> Checkpoint | None:
             problems.append(f"{path.name}: {exc}")
             log.warning("[Coordinator.Checkpoint] skipping %s: %s", path, exc)
     raise RuntimeError(
-        f"no checkpoint in {directory} verifies ({'; '.join(problems)}); move them away to "
-        "start over"
+        f"no checkpoint in {directory} verifies, each is damaged ({'; '.join(problems)}): "
+        "restore one from a backup or move them away to start over"
     )
 
 
@@ -183,8 +184,7 @@ class CheckpointWriter:
         # Files written, to fsync in order: (path, round, started, written_ms); None stops.
         self._to_sync: queue.Queue[tuple[Path, int, float, float] | None] = queue.Queue()
         self._syncer: threading.Thread | None = None
-        for stale in directory.glob(f".{PREFIX}*{SUFFIX}.tmp"):  # a write a crash cut short
-            stale.unlink(missing_ok=True)
+        clean_stale(directory)
 
     def begin(self, round_: int, spec_digest: str, shapes: list[tuple[int, ...]]) -> None:
         """Start round ``round_``'s file; ``shapes`` are the model's tensors' shapes."""
@@ -358,6 +358,30 @@ class CheckpointWriter:
         older = [p for p in sorted(self.directory.glob(f"{PREFIX}*{SUFFIX}")) if p < path]
         for old in older[: max(0, len(older) - self.keep + 1)]:
             old.unlink(missing_ok=True)  # the newest durable ones stay, ``keep`` in all
+
+
+def clean_stale(directory: Path) -> list[Path]:
+    """Remove the temporary files a write killed half-way left behind; a checkpoint
+    itself is never touched."""
+    stale = sorted(directory.glob(f".{PREFIX}*{SUFFIX}.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+        log.warning("[Coordinator.Checkpoint] removed stale temporary file %s", path)
+    return stale
+
+
+def check_room(directory: Path, checkpoint_bytes: int) -> None:
+    """Refuse to start unless ``directory`` has room for two more checkpoints: the next
+    one is written beside the newest durable ones before they are deleted
+    (docs/scale.md, Checkpoints)."""
+    probe = directory if directory.exists() else directory.parent
+    free = shutil.disk_usage(probe).free
+    if free < 2 * checkpoint_bytes:
+        raise RuntimeError(
+            f"checkpoint_dir {directory} has {free / 2**20:.1f} MiB free; a save needs room "
+            f"for two checkpoints, {2 * checkpoint_bytes / 2**20:.1f} MiB: free space or "
+            "choose another --checkpoint-dir"
+        )
 
 
 def fsync_dir(directory: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 import time
@@ -18,7 +19,8 @@ from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.outer import OUTER_OPTIMIZERS
 from skyfed.coordinator.progress import LiveView, WatchLoop
-from skyfed.logs import FORMATS, setup_logging
+from skyfed.logs import FORMATS, LOG_LEVELS, setup_logging
+from skyfed.tasks.registry import TaskLoadError
 from skyfed.wire import EXCHANGES
 
 if TYPE_CHECKING:
@@ -118,7 +120,12 @@ def main() -> None:
 )
 @click.option("--no-progress", is_flag=True, help="Plain log lines, no live view.")
 @click.option("--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]")
-@click.option("--log-level", default=None)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
+)
 def serve(
     config_path: Path | None,
     log_level: str | None,
@@ -133,20 +140,16 @@ def serve(
         config = load_config(
             CoordinatorConfig, component="coordinator", path=config_path, flags=flags
         )
-    except (ValueError, OSError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
+    check_paths(config)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     console = Console(stderr=True)
     started = time.monotonic()
-    from skyfed.coordinator.server import run_server  # grpc and torch: after the checks
-
     stack = contextlib.ExitStack()
-    try:
-        running = stack.enter_context(run_server(config))
-    except (RuntimeError, OSError) as exc:  # a checkpoint of another model, a missing extra
-        raise click.ClickException(str(exc)) from exc
+    running = start(stack, config)
     with stack:
         click.echo(f"coordinator listening on port {running.port}", err=True)
         if running.metrics_port is not None:
@@ -154,6 +157,10 @@ def serve(
             click.echo(f"metrics on http://{host}:{running.metrics_port}/metrics", err=True)
         live = console.is_terminal and not no_progress and log_format != "json"
         _until_done(running, stop, console if live else None)
+    failure = running.federation.failure
+    if failure is not None:  # a supervisor restarts it from the last checkpoint
+        click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
+        raise SystemExit(1)
     _goodbye(config, running.observer.snapshot(), time.monotonic() - started, console)
 
 
@@ -200,6 +207,34 @@ def export(checkpoint_dir: Path, out: Path, task: str) -> None:
         f"{out}: round {meta['round']}, weights {meta['weights_digest'][:16]}, task {task} "
         f"({meta_path(out)})"
     )
+
+
+def check_paths(config: CoordinatorConfig) -> None:
+    """Every file the coordinator reads exists, every file it writes has a directory: a
+    wrong path is one line at the start (exit 2), not a traceback after round 0."""
+    for option, path in (("--ca", config.ca), ("--cert", config.cert), ("--key", config.key)):
+        if path is not None and not path.is_file():
+            hint = " (check --certs)" if config.certs is not None else ""
+            raise click.UsageError(f"{option} {path} does not exist{hint}")
+    if config.crl is not None and not config.crl.is_file():
+        raise click.UsageError(f"--crl {config.crl} does not exist (run `certs refresh-crl`)")
+    for option, path in (("--status-file", config.status_file), ("--port-file", config.port_file)):
+        if path is not None and not path.parent.is_dir():
+            raise click.UsageError(f"{option} {path}: directory {path.parent} does not exist")
+
+
+def start(stack: contextlib.ExitStack, config: CoordinatorConfig):  # noqa: ANN201
+    """The running server; a task that cannot be loaded is a usage error (exit 2), a
+    checkpoint or a port it cannot use a one-line error (exit 1)."""
+    from skyfed.coordinator.server import run_server
+
+    try:
+        return stack.enter_context(run_server(config))
+    except TaskLoadError as exc:
+        raise click.UsageError(f"--task: {exc}") from exc
+    except (RuntimeError, OSError) as exc:
+        logging.getLogger(__name__).debug("start failed", exc_info=True)
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,14 @@ class CoordinatorConfig:
     outer_momentum: float | None = None
     """Outer momentum; unset: 0 for ``sgd``, DiLoCo's 0.9 for ``nesterov`` (which needs one
     in (0, 1))."""
+    max_samples: int = 65536
+    """The most weight (``samples``) one contribution counts with in the mean; a larger
+    claim is capped and logged. Set it to the largest honest site's samples per round
+    (``local_steps`` x batch size) so no site outweighs that (docs/security.md)."""
+    clip_norm_ratio: float = 4.0
+    """An update whose L2 norm exceeds this times the median of the recent accepted
+    updates' norms is scaled down to that bound before it counts (0: no clipping). Costs
+    no memory; its loss cost on the embedded task is in docs/security.md."""
     exchange: str = "delta"
     """What agents contribute each round (told in the welcome). ``delta``: the change over
     their ``local_steps`` steps of the task's optimizer (a pseudo-gradient). ``gradient``:
@@ -102,6 +111,13 @@ class CoordinatorConfig:
     once it has applied that round) before the coordinator stops; on a slow link the final
     broadcast takes a while. An agent that connects meanwhile gets the final weights and
     stops."""
+    max_streams_per_identity: int = 4
+    """Open session streams one certificate identity may hold at once (a reconnect may
+    briefly overlap its old stream; striped connections of one session count as one). One
+    identity over the limit is refused with RESOURCE_EXHAUSTED and logged, so it cannot
+    fill the server's RPC slots (docs/security.md, "Stream limits")."""
+    hello_timeout_s: float = 10.0
+    """A stream that sends no hello this long after opening ends with DEADLINE_EXCEEDED."""
     port_file: Path | None = None
     """Write the bound port here once serving (for port 0)."""
     status_file: Path | None = None
@@ -141,6 +157,14 @@ class CoordinatorConfig:
         )
         require("coordinator", self.rounds >= 0, "rounds", self.rounds, ">= 0")
         _ = self.outer  # resolves and checks the outer optimizer's options
+        require("coordinator", self.max_samples >= 1, "max_samples", self.max_samples, ">= 1")
+        require(
+            "coordinator",
+            self.clip_norm_ratio == 0 or self.clip_norm_ratio >= 1,
+            "clip_norm_ratio",
+            self.clip_norm_ratio,
+            "0 (off) or >= 1",
+        )
         require(
             "coordinator",
             self.exchange in EXCHANGES,
@@ -156,9 +180,9 @@ class CoordinatorConfig:
             self.sgd_momentum,
             "in [0, 1)",
         )
-        self.policy = _section(PolicyConfig, self.policy, "mode")
-        self.monitor = _section(MonitorConfig, self.monitor, "window_s")
-        self.streams = _section(StreamsConfig, self.streams, "max_streams")
+        self.policy = _section(PolicyConfig, self.policy, "mode", "policy")
+        self.monitor = _section(MonitorConfig, self.monitor, "window_s", "monitor")
+        self.streams = _section(StreamsConfig, self.streams, "max_streams", "streams")
         rate = self.link_rate_mbit
         require("coordinator", rate >= 0, "link_rate_mbit", rate, ">= 0")
         if self.exchange == "gradient":
@@ -198,8 +222,25 @@ class CoordinatorConfig:
             self.liveness_timeout_s,
             "longer than two heartbeats",
         )
+        require(
+            "coordinator",
+            self.max_streams_per_identity >= 1,
+            "max_streams_per_identity",
+            self.max_streams_per_identity,
+            ">= 1",
+        )
+        require(
+            "coordinator", self.hello_timeout_s > 0, "hello_timeout_s", self.hello_timeout_s, "> 0"
+        )
         require("coordinator", self.final_wait_s >= 0, "final_wait_s", self.final_wait_s, ">= 0")
-        require("coordinator", ":" in self.listen, "listen", self.listen, "HOST:PORT")
+        port = self.listen.rpartition(":")[2]
+        require(
+            "coordinator",
+            ":" in self.listen and port.isdigit() and int(port) < 65536,
+            "listen",
+            self.listen,
+            "HOST:PORT with a port 0-65535 (0: any free one)",
+        )
         require("coordinator", self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
         if self.metrics_listen:
             from skyfed.metrics.http import parse_listen
@@ -222,11 +263,17 @@ class CoordinatorConfig:
             )
 
 
-def _section(cls: type, value: Any, scalar_key: str) -> Any:
+def _section(cls: type, value: Any, scalar_key: str, section: str) -> Any:
     """A nested option: the dataclass itself, a TOML table of its fields, or one scalar."""
     if isinstance(value, cls):
         return value
     if isinstance(value, dict):
-        return cls(**value)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        require("coordinator", not unknown, f"[{section}]", unknown, f"keys of {sorted(known)}")
+        try:
+            return cls(**value)
+        except TypeError as exc:  # a value of the wrong type meeting a comparison
+            raise ValueError(f"coordinator option [{section}]: {exc}") from exc
     kind = type(getattr(cls(), scalar_key))
     return cls(**{scalar_key: kind(value)})

@@ -25,13 +25,14 @@ from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
 from skyfed.coordinator.outer import OuterOptimizer
+from skyfed.coordinator.robust import NormBound
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
 from skyfed.files import write_text_atomic
 from skyfed.fingerprint import DigestStream, TensorInfo, spec_digest, weights_digest
 from skyfed.proto import serde
-from skyfed.wire import max_payload_bytes
+from skyfed.wire import max_payload_bytes, raw_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,14 @@ class Federation:
         self.weights = weights
         self.round = 0
         self.sessions: dict[str, Session] = {}
+        self.revoked: dict[str, Session] = {}
+        """Sessions ended by revocation, kept for status (state ``revoked``)."""
         self.cond = threading.Condition()
         self.started_at = time.monotonic()
         self.finished = False
         self.stopping = False
+        self.failure: Exception | None = None
+        """What ended the round driver, if it failed (the process then exits non-zero)."""
         self.history: deque[RoundStats] = deque(maxlen=HISTORY)
         self.stats = RoundStats(self.round, time.monotonic())
         self.aggregate = RoundAggregate(self.spec)
@@ -69,6 +74,7 @@ class Federation:
         self.evaluation: EvalResult | None = None
         """The last held-out evaluation, set by the observer's evaluator."""
         self.max_payload = max_payload_bytes(self.spec)
+        self.norm_bound = NormBound(config.clip_norm_ratio)
         self.links = Links(
             config.codec,
             config.policy,
@@ -166,6 +172,9 @@ class Federation:
     def _resume(self) -> None:
         if self.config.checkpoint_dir is None:
             return
+        checkpoint.clean_stale(self.config.checkpoint_dir)
+        # Weights, downlink residual and outer momentum: up to three float32 model copies.
+        checkpoint.check_room(self.config.checkpoint_dir, 3 * raw_bytes(self.spec))
         ckpt = checkpoint.load(self.config.checkpoint_dir)
         if ckpt is None:
             return

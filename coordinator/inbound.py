@@ -11,6 +11,7 @@ it never came.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,6 +52,8 @@ class Inbound:
     seen: int = 0
     loss: float = 0.0
     train_s: float = 0.0
+    sum_squares: float = 0.0
+    """Of the decoded update so far: its L2 norm bounds it (``coordinator/robust.py``)."""
 
     @property
     def open(self) -> bool:
@@ -111,7 +114,7 @@ class Intake:
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks,
-                entry=fed.aggregate.begin(header.samples, session.key),
+                entry=fed.aggregate.begin(self._weight(session, header.samples), session.key),
                 assembler=Assembler(
                     kind=ChunkKind.GRADIENT,
                     round=header.round,
@@ -150,6 +153,18 @@ class Intake:
             e.limit or "-",
         )
 
+    def _weight(self, session: Session, samples: int) -> int:
+        """A contribution's weight in the mean: its ``samples``, at most ``max_samples``."""
+        cap = self.fed.config.max_samples
+        if samples > cap:
+            log.warning(
+                "[Coordinator.Weight] agent=%s samples=%d capped to max_samples=%d",
+                session.key,
+                samples,
+                cap,
+            )
+        return min(samples, cap)
+
     def refuse(self, session: Session, round_: int, chunks: int, err: FederationError) -> None:
         """Refuse a contribution in-band: the session goes on, its chunks are discarded.
         The caller holds the lock."""
@@ -184,7 +199,7 @@ class Intake:
         payload = inbound.assembler.add(chunk)
         inbound.seen += 1
         if payload is not None:
-            inbound.entry.check(payload)
+            inbound.sum_squares += inbound.entry.check(payload)
             with fed.cond:
                 inbound.entry.stage(payload)
             failpoints.reached("upload", inbound.round)
@@ -198,6 +213,7 @@ class Intake:
         with fed.cond:
             if not inbound.open:
                 return  # withdrawn meanwhile: the round closed under it and it was refused
+            self._bound_norm(session, inbound)
             inbound.entry.commit()
             session.inbound = None
             session.last_round = inbound.round
@@ -214,6 +230,21 @@ class Intake:
             fed.rounds.contributed(inbound.loss, inbound.train_s)
             session.send(Receipt(round=session.last_round, accepted=True))
             fed.cond.notify_all()
+
+    def _bound_norm(self, session: Session, inbound: Inbound) -> None:
+        """Clip the update's norm to the recent median's bound (the caller holds the lock)."""
+        norm = math.sqrt(inbound.sum_squares)
+        factor = self.fed.norm_bound.factor(norm)
+        if factor < 1.0:
+            log.warning(
+                "[Coordinator.Clip] agent=%s round=%d norm=%.4g clipped to %.4g",
+                session.key,
+                inbound.round,
+                norm,
+                norm * factor,
+            )
+            inbound.entry.scale(factor)
+        self.fed.norm_bound.record(norm * factor)
 
     def withdraw_all(self) -> None:
         """The round closes: anything half-sent is late, taken out before the mean."""

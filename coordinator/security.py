@@ -85,10 +85,15 @@ class PeerAuthenticator:
         self._ca = _ReloadingCertificate(ca)
 
     def identify(self, context: grpc.ServicerContext) -> Identity:
+        return self.identify_with_serial(context)[0]
+
+    def identify_with_serial(self, context: grpc.ServicerContext) -> tuple[Identity, int]:
+        """The caller's identity and its certificate's serial (what revocation lists)."""
         pems = context.auth_context().get("x509_pem_cert")
         if not pems:
             raise RevokedError("no client certificate was presented")
-        return self.identify_pem(pems[0])
+        serial = x509.load_pem_x509_certificate(pems[0]).serial_number
+        return self.identify_pem(pems[0]), serial
 
     def identify_pem(self, pem: bytes) -> Identity:
         """The identity of a client certificate gRPC has verified against the CA bundle."""

@@ -17,8 +17,10 @@ from prometheus_client.registry import CollectorRegistry
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.export import export_weights
 from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.limits import StreamLimits
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
+from skyfed.coordinator.revocation import RevocationWatch
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
@@ -65,7 +67,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     # What can refuse to start (a missing extra, a taken metrics port) does so before the
     # federation's port opens; /readyz answers 503 until the driver runs.
     observer = Observer(federation, config)
-    driver = threading.Thread(target=federation.run, name="rounds", daemon=True)
+    driver = threading.Thread(target=_drive, args=(federation,), name="rounds", daemon=True)
     metrics = _start_metrics(config, observer, driver)
     assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
     creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
@@ -86,7 +88,9 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
     )
-    serve_federation(server, federation, PeerAuthenticator(config.crl, config.ca))
+    auth = PeerAuthenticator(config.crl, config.ca)
+    limits = StreamLimits(config.max_streams_per_identity, config.hello_timeout_s)
+    serve_federation(server, federation, auth, limits)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)
@@ -98,6 +102,9 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     # What was built so far lives as long as the process: out of the cyclic collector's
     # sight (its full passes over torch's objects cost measurable CPU, docs/scale.md).
     gc.freeze()
+    watch = None
+    if auth.revocations is not None:
+        watch = RevocationWatch(auth.revocations, limits, federation).start()
     _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     driver.start()
     observer.start()
@@ -112,14 +119,30 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         driver.join(timeout=10)
         _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
         federation.close_checkpoints()
-        server.stop(grace=2).wait()
+        for session in list(federation.sessions.values()):
+            session.close()  # ends each stream's generator, so stop() does not wait on it
+        server.stop(grace=2).wait(timeout=10)
+        if watch is not None:
+            watch.close()
         if echo is not None:
             echo.close()
         observer.close()
         _export(config, federation)
         if metrics is not None:
             metrics.close()
-        federation.write_status()
+        if federation.failure is None:
+            federation.write_status()
+
+
+def _drive(federation: Federation) -> None:
+    """The round driver's thread. A failure is kept in ``federation.failure`` and ends the
+    driver, so the process ends non-zero with the reason (``coordinator/cli.py``) rather
+    than serving on with no rounds: a supervisor restarts it from the last checkpoint."""
+    try:
+        federation.run()
+    except Exception as exc:  # noqa: BLE001 - any failure here ends the process
+        federation.failure = exc
+        log.critical("[Coordinator.Rounds] round driver failed: %r", exc, exc_info=True)
 
 
 SERVICES = ("", "skyfed.v1.Federation")  # "": the whole server, as grpc.health.v1 defines it

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 import grpc
 
 from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.limits import StreamLimits
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import FederationError, ProtocolError, RevokedError
+from skyfed.logs import Throttle
 from skyfed.netinfo import log_congestion_control, peer_host
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
@@ -25,21 +27,31 @@ from skyfed.wire import Announce, Chunk, Heartbeat, Hello
 log = logging.getLogger(__name__)
 
 MERGE_SLACK_CHUNKS = 16
+REFUSAL_LOG_INTERVAL_S = 5.0
+"""At most one refusal line per identity this often: garbage in a loop costs no log space."""
 
 
 class FederationServicer(pb_grpc.FederationServicer):
-    def __init__(self, federation: Federation, authenticator: PeerAuthenticator) -> None:
+    def __init__(
+        self, federation: Federation, authenticator: PeerAuthenticator, limits: StreamLimits
+    ) -> None:
         self.federation = federation
         self.auth = authenticator
+        self.limits = limits
+        self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
 
-    def Session(self, request_iterator: Iterator[pb.AgentMessage], context: grpc.ServicerContext):  # noqa: N802, ANN201
+    def Session(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
         try:
-            identity = self.auth.identify(context)
+            identity, serial = self.auth.identify_with_serial(context)
         except RevokedError as exc:
             log.warning("[Federation.Session] refused peer=%s: %s", context.peer(), exc)
             self.federation.refused(status_code(exc).name)
             context.abort(status_code(exc), str(exc))
         session = Session(identity, context.peer())
+        try:
+            stream = self.limits.open(session, serial)
+        except FederationError as exc:
+            context.abort(status_code(exc), str(exc))
         session.merge = Merge(
             lambda m: self._handle(session, serde.agent_message_from_proto(m)),
             max_held_bytes=self._max_held_bytes(),
@@ -54,17 +66,22 @@ class FederationServicer(pb_grpc.FederationServicer):
             daemon=True,
         )
         reader.start()
-        yield from session.outbox  # heartbeats first, until the session is closed
+        try:
+            yield from session.outbox  # heartbeats first, until the session is closed
+        finally:
+            self.limits.close(stream)
         self.federation.admission.leave(session)
         if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
             context.abort(session.abort_code, session.abort_message)
 
-    def Stripe(self, request_iterator: Iterator[pb.AgentMessage], context: grpc.ServicerContext):  # noqa: N802, ANN201
+    def Stripe(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
         """A further connection of a striped session: it joins with the welcome's token
-        under the session's own identity, then carries chunks both ways."""
+        under the session's own identity, then carries chunks both ways. It counts as
+        the session's, not as a stream of its own, against ``max_streams_per_identity``."""
         try:
             identity = self.auth.identify(context)
-            first = next(request_iterator, None)
+            data = next(request_iterator, None)
+            first = None if data is None else serde.parse(pb.AgentMessage, data)
             if first is None or first.WhichOneof("body") != "stripe_join":
                 raise ProtocolError("a stripe's first message must join a session (StripeJoin)")
             with self.federation.cond:
@@ -98,11 +115,12 @@ class FederationServicer(pb_grpc.FederationServicer):
         fed = self.federation
         return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.max_chunk_bytes
 
-    def _read(self, requests: Iterator[pb.AgentMessage], session: Session) -> None:
+    def _read(self, requests: Iterator[bytes], session: Session) -> None:
         assert session.merge is not None
         try:
-            for message in requests:
+            for data in requests:
                 session.last_seen = time.monotonic()
+                message = serde.parse(pb.AgentMessage, data)
                 session.merge.add(message.order, message, _held_size(message))
         except FederationError as exc:
             self._refused(session, exc)
@@ -112,12 +130,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close()
 
-    def _read_stripe(
-        self, requests: Iterator[pb.AgentMessage], session: Session, lane: StripeLane
-    ) -> None:
+    def _read_stripe(self, requests: Iterator[bytes], session: Session, lane: StripeLane) -> None:
         assert session.merge is not None
         try:
-            for message in requests:
+            for data in requests:
+                message = serde.parse(pb.AgentMessage, data)
                 if message.WhichOneof("body") != "chunk" or not message.order:
                     raise ProtocolError("a stripe carries numbered chunks only")
                 session.last_seen = time.monotonic()
@@ -130,7 +147,9 @@ class FederationServicer(pb_grpc.FederationServicer):
             lane.end()
 
     def _refused(self, session: Session, exc: FederationError) -> None:
-        log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
+        if self._refusals.ready(session.key):  # one line per identity and interval
+            log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
+        self.federation.refused(status_code(exc).name)
         self.federation.admission.leave(session)
         session.close(status_code(exc), str(exc))
 
@@ -155,12 +174,13 @@ class FederationServicer(pb_grpc.FederationServicer):
         else:
             raise ProtocolError("an empty or unknown message")
 
-    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
+    def Status(self, request: bytes, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
         try:
             self.auth.require_admin(context)
+            parsed = serde.parse(pb.StatusRequest, request)
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
-        return serde.status_to_proto(self.federation.status(windows=request.windows))
+        return serde.status_to_proto(self.federation.status(windows=parsed.windows))
 
 
 def _held_size(message: pb.AgentMessage) -> int:
@@ -169,7 +189,34 @@ def _held_size(message: pb.AgentMessage) -> int:
 
 
 def serve_federation(
-    server: grpc.Server, federation: Federation, authenticator: PeerAuthenticator
+    server: grpc.Server,
+    federation: Federation,
+    authenticator: PeerAuthenticator,
+    limits: StreamLimits,
 ) -> None:
-    """Add the ``Federation`` service for ``federation`` to ``server``."""
-    pb_grpc.add_FederationServicer_to_server(FederationServicer(federation, authenticator), server)
+    """Add the ``Federation`` service for ``federation`` to ``server``.
+
+    Requests reach the servicer as raw bytes (no deserializer): ``proto/serde.py`` parses
+    them, so an unparseable message is INVALID_ARGUMENT with one log line, not gRPC's
+    INTERNAL with a traceback per message.
+    """
+    servicer = FederationServicer(federation, authenticator, limits)
+    handlers = {
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session,
+            request_deserializer=None,
+            response_serializer=pb.CoordinatorMessage.SerializeToString,
+        ),
+        "Stripe": grpc.stream_stream_rpc_method_handler(
+            servicer.Stripe,
+            request_deserializer=None,
+            response_serializer=pb.CoordinatorMessage.SerializeToString,
+        ),
+        "Status": grpc.unary_unary_rpc_method_handler(
+            servicer.Status,
+            request_deserializer=None,
+            response_serializer=pb.StatusReply.SerializeToString,
+        ),
+    }
+    service = pb.DESCRIPTOR.services_by_name["Federation"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

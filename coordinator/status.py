@@ -41,6 +41,7 @@ class AgentStatus:
     cloud: str
     name: str
     state: str
+    """syncing | idle | sending | disconnected | revoked (its certificate was revoked)."""
     last_round: int
     codec: str
     rtt_ms: float
@@ -98,7 +99,8 @@ def build_status(fed: Federation, windows: bool = False) -> Status:
     now = time.monotonic()
     return Status(
         round=fed.round,
-        agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()],
+        agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()]
+        + [_agent(fed, s, now, False) for k, s in fed.revoked.items() if k not in fed.sessions],
         weights_digest=fed.weights_digest,
         uptime_s=now - fed.started_at,
         rounds=[replace(r, links=list(r.links)) for r in fed.history],

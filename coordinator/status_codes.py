@@ -16,6 +16,7 @@ from skyfed.errors import (
     OversizedError,
     ProtocolError,
     RevokedError,
+    TooManyStreamsError,
     UnsupportedExchangeError,
 )
 
@@ -32,6 +33,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,
     NoSessionError: grpc.StatusCode.NOT_FOUND,
+    TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -13,11 +13,12 @@ from dataclasses import fields
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from skyfed.compression.monitor import Window
 from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.status import AgentStatus, RoundStats, Status
+from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 from skyfed.wire import (
@@ -34,6 +35,7 @@ from skyfed.wire import (
     ShardCoords,
     WeightsEnd,
     Welcome,
+    check_agent_message,
 )
 
 
@@ -91,8 +93,28 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
+def agent_message_from_bytes(data: bytes) -> AgentMessage | None:
+    """Parse what an agent sent (the servicer receives raw bytes): ProtocolError, hence
+    INVALID_ARGUMENT, for bytes that are no ``AgentMessage`` or a field out of bounds."""
+    return agent_message_from_proto(parse(pb.AgentMessage, data))
+
+
+def parse(message: type[Message], data: bytes) -> Any:
+    """``message`` parsed from ``data``, or ProtocolError saying why not."""
+    try:
+        return message.FromString(data)
+    except DecodeError as exc:
+        raise ProtocolError(f"{len(data)} bytes are no {message.__name__}: {exc}") from exc
+
+
 def agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
-    """Our message, or None for an empty or unknown body."""
+    """Our message, bounds checked (``skyfed.wire.check_agent_message``), or None for an
+    empty or unknown body."""
+    message = _agent_message_from_proto(m)
+    return None if message is None else check_agent_message(message)
+
+
+def _agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
     kind = m.WhichOneof("body")
     if kind == "chunk":
         return chunk_from_proto(m.chunk)

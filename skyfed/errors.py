@@ -49,3 +49,7 @@ class AlreadyContributedError(FederationError):
 
 class NoSessionError(FederationError):
     """A stripe that names no live session of its identity (it ended or was replaced)."""
+
+
+class TooManyStreamsError(FederationError):
+    """An identity that already holds as many open streams as it may."""

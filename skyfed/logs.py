@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""What ``--log-level`` accepts (any case)."""
 
 
 def setup_logging(level: str | None = None, *, who: str = "skyfed", fmt: str | None = None) -> None:
@@ -49,3 +52,23 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
         return json.dumps(line)
+
+
+class Throttle:
+    """Says when a repeated log line may be written again: at most once per ``interval_s``
+    per key, so a peer sending garbage in a loop costs one line, not one per message."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def ready(self, key: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -float("inf")) < self.interval_s:
+                return False
+            if len(self._last) > 4096:  # bounded: forget the oldest keys
+                self._last.clear()
+            self._last[key] = now
+            return True

@@ -7,10 +7,12 @@ coordinator's servicer and the agent's link touch protobuf. Field meanings are t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 
 EXCHANGES = ("delta", "gradient")
@@ -202,3 +204,104 @@ class WeightsEnd:
 
 
 CoordinatorMessage = Welcome | Chunk | Receipt | RoundEnd | WeightsEnd | Heartbeat
+
+
+# ---- bounds: every field of every agent message, checked once as it leaves serde ----------
+# A field is only ever used after these pass (docs/security.md, "Bounded messages"), so no
+# later sum, counter or allocation can overflow or be steered by a value out of range.
+
+MAX_ROUND = 1 << 53
+"""Rounds are int64 on the wire; no federation runs 2^53 rounds, and sums stay exact."""
+MAX_SAMPLES = 1 << 24
+"""The largest ``samples`` a contribution may claim (the coordinator caps weights further)."""
+MAX_RAW_BYTES = 1 << 48
+"""A contribution's float32 bytes before compression: 256 TiB is beyond any model."""
+MAX_TRAIN_S = 1e7
+"""About 115 days of local compute per round."""
+MAX_RTT_MS = 3.6e6
+MAX_PROBES = 1 << 48
+MAX_TEXT = 256
+"""Characters of any free-text field (task, codec, dtype, digest, tensor name)."""
+MAX_TENSORS = 1 << 17
+MAX_DIMS = 8
+MAX_DIM = 1 << 40
+MAX_TP = 4096
+MAX_LIST = 16
+"""Entries of ``codecs`` and ``exchanges``."""
+
+
+def _bound(ok: bool, field: str, value: object, what: str) -> None:
+    if not ok:
+        shown = repr(value)
+        raise ProtocolError(f"{field}={shown[:80]} is out of bounds: must be {what}")
+
+
+def _int_in(field: str, value: int, lo: int, hi: int) -> None:
+    _bound(lo <= value <= hi, field, value, f"in [{lo}, {hi}]")
+
+
+def _finite_in(field: str, value: float, lo: float, hi: float) -> None:
+    _bound(math.isfinite(value) and lo <= value <= hi, field, value, f"finite, in [{lo}, {hi}]")
+
+
+def _text(field: str, value: str, limit: int = MAX_TEXT) -> None:
+    _bound(len(value) <= limit, field, value, f"at most {limit} characters")
+
+
+def _texts(field: str, values: Sequence[str]) -> None:
+    _bound(len(values) <= MAX_LIST, field, len(values), f"at most {MAX_LIST} entries")
+    for v in values:
+        _text(field, v, 32)
+
+
+def _check_hello(m: Hello) -> None:
+    _text("hello.cloud", m.cloud, 63)
+    _text("hello.name", m.name, 63)
+    _text("hello.task", m.task)
+    _text("hello.weights_digest", m.weights_digest, 128)
+    _int_in("hello.tp", m.tp, 0, MAX_TP)
+    _int_in("hello.last_round", m.last_round, -1, MAX_ROUND)
+    _texts("hello.codecs", m.codecs)
+    _texts("hello.exchanges", m.exchanges)
+    _bound(len(m.tensors) <= MAX_TENSORS, "hello.tensors", len(m.tensors), f"<= {MAX_TENSORS}")
+    for t in m.tensors:
+        _text("hello.tensors.name", t.name)
+        _text("hello.tensors.dtype", t.dtype, 32)
+        _bound(len(t.shape) <= MAX_DIMS, "hello.tensors.shape", t.shape, f"<= {MAX_DIMS} dims")
+        for d in t.shape:
+            _int_in("hello.tensors.shape", d, 0, MAX_DIM)
+
+
+def _check_announce(m: Announce) -> None:
+    _int_in("contribution.round", m.round, 0, MAX_ROUND)
+    _int_in("contribution.samples", m.samples, 1, MAX_SAMPLES)
+    _finite_in("contribution.loss", m.loss, -1e30, 1e30)
+    _finite_in("contribution.train_s", m.train_s, 0.0, MAX_TRAIN_S)
+    _int_in("contribution.raw_bytes", m.raw_bytes, 0, MAX_RAW_BYTES)
+
+
+def _check_chunk(m: Chunk) -> None:
+    _bound(m.kind in tuple(ChunkKind), "chunk.kind", m.kind, "GRADIENT, AGGREGATE or WEIGHTS")
+    _int_in("chunk.round", m.round, -1, MAX_ROUND)
+    _text("chunk.codec", m.codec, 32)
+    if m.shard is not None:
+        dim, offset, length = m.shard
+        _int_in("chunk.shard.dim", dim, 0, MAX_DIMS - 1)
+        _int_in("chunk.shard.offset", offset, 0, MAX_DIM)
+        _int_in("chunk.shard.length", length, 0, MAX_DIM)
+
+
+def _check_heartbeat(m: Heartbeat) -> None:
+    _finite_in("heartbeat.rtt_ms", m.rtt_ms, 0.0, MAX_RTT_MS)
+    _int_in("heartbeat.probes_settled", m.probes_settled, 0, MAX_PROBES)
+    _int_in("heartbeat.probes_lost", m.probes_lost, 0, m.probes_settled)
+
+
+_CHECKS = {Hello: _check_hello, Announce: _check_announce, Chunk: _check_chunk}
+_CHECKS[Heartbeat] = _check_heartbeat
+
+
+def check_agent_message(m: AgentMessage) -> AgentMessage:
+    """``m`` if every field is within its bound; else ProtocolError naming the field."""
+    _CHECKS[type(m)](m)
+    return m

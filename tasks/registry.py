@@ -7,6 +7,10 @@ import importlib
 from skyfed.tasks.base import Task
 
 
+class TaskLoadError(ValueError):
+    """A task spec that names nothing loadable; the message says what and how to fix it."""
+
+
 def load_task(spec: str, **options: object) -> Task:
     """``"chargpt"`` (the embedded default) or ``"package.module:factory"``, either with
     optional ``?key=value&key=value`` options (``"skyfed.tasks.examples:wide?params=100M"``).
@@ -23,11 +27,16 @@ def load_task(spec: str, **options: object) -> Task:
         return CharTask(CharTaskConfig(**options))  # type: ignore[arg-type]
     module_name, sep, attr = spec.partition(":")
     if not sep:
-        raise ValueError(f"task {spec!r} is neither 'chargpt' nor 'module:factory'")
-    factory = getattr(importlib.import_module(module_name), attr)
+        raise TaskLoadError(f"task {spec!r} is neither 'chargpt' nor 'module:factory'")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        raise TaskLoadError(f"task {spec!r}: cannot import {module_name!r} ({exc})") from exc
+    except AttributeError as exc:
+        raise TaskLoadError(f"task {spec!r}: {module_name!r} has no {attr!r}") from exc
     task = factory(**options)
     if not isinstance(task, Task):
-        raise TypeError(f"task factory {spec!r} returned {type(task).__name__}, not a Task")
+        raise TaskLoadError(f"task factory {spec!r} returned {type(task).__name__}, not a Task")
     return task
 
 

@@ -19,6 +19,23 @@ from skyfed.procs import Children
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 
+FUZZ_CASES = 1000
+FUZZ_LONG_CASES = 20000
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-long",
+        action="store_true",
+        help=f"run the protocol fuzz test with {FUZZ_LONG_CASES} cases (default {FUZZ_CASES})",
+    )
+
+
+@pytest.fixture
+def fuzz_cases(request: pytest.FixtureRequest) -> int:
+    """How many fuzzed sessions the protocol fuzz test sends (``--fuzz-long``: 20,000)."""
+    return FUZZ_LONG_CASES if request.config.getoption("--fuzz-long") else FUZZ_CASES
+
 
 @pytest.fixture
 def pki(tmp_path: Path) -> CertificateAuthority:

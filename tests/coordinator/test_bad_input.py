@@ -190,7 +190,7 @@ def test_bad_contribution_is_refused_and_never_reaches_the_aggregate(serve, raw_
         ),
         (
             pb.AgentMessage(contribution=pb.Contribution(round=0, chunks=1, samples=0)),
-            "at least 1 sample",
+            "contribution.samples",
         ),
     ],
     ids=["empty", "chunk-without-header", "future-round", "zero-samples"],

@@ -1,0 +1,79 @@
+"""One identity cannot hold the server: streams owe a hello soon, and are bounded per
+identity; a second hello and unparseable bytes are refused cleanly (docs/security.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from skyfed.coordinator.admin import fetch_status
+from skyfed.proto import federation_pb2 as pb
+from tests.conftest import credentials
+from tests.coordinator.test_bad_input import join
+
+SESSION = "/skyfed.v1.Federation/Session"
+
+
+def test_stream_that_sends_no_hello_ends_with_deadline_exceeded(serve, raw_agent):
+    running = serve(hello_timeout_s=0.5)
+    silent = raw_agent(running.port, "aws-1")
+    started = time.monotonic()
+    code, details = silent.ended(timeout=10)
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "hello_timeout_s" in details
+    assert time.monotonic() - started < 5
+
+
+def test_one_identity_cannot_lock_others_out(serve, raw_agent, pki, caplog):
+    running = serve(max_streams_per_identity=3, hello_timeout_s=60)
+    hogs = [raw_agent(running.port, "aws-1") for _ in range(3)]
+    time.sleep(0.5)  # all three are open and owe a hello
+    with caplog.at_level(logging.WARNING):
+        extra = raw_agent(running.port, "aws-1")
+        code, details = extra.ended()
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_streams_per_identity=3" in details
+    assert "max_streams_per_identity=3" in caplog.text  # logged when hit
+
+    other = raw_agent(running.port, "gcp-1")
+    assert join(other, "gcp", "gcp-1").round == 0
+    status = fetch_status(f"localhost:{running.port}", pki.directory, "coordinator")
+    assert [a.name for a in status.agents] == ["gcp-1"]
+    hogs[0].close()
+    time.sleep(0.5)
+    assert join(raw_agent(running.port, "aws-1"), "aws", "aws-1").round == 0
+
+
+def test_second_hello_on_one_session_is_refused(serve, raw_agent):
+    running = serve()
+    agent = raw_agent(running.port, "aws-1")
+    join(agent, "aws", "aws-1")
+    agent.send(hello=pb.Hello(cloud="aws", name="aws-1", last_round=-1))
+    code, details = agent.ended()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "second hello" in details
+
+
+def test_unparseable_bytes_are_invalid_argument_with_one_log_line(serve, pki, caplog):
+    running = serve()
+    creds = credentials(pki.directory, "aws-1")
+    with (
+        caplog.at_level(logging.WARNING),
+        grpc.secure_channel(f"localhost:{running.port}", creds) as channel,
+    ):
+        call = channel.stream_stream(SESSION, request_serializer=None, response_deserializer=None)
+        codes = []
+        for _ in range(20):
+            replies = call(iter([b"\xff\xff\xff\xff garbage"]))
+            try:
+                for _ in replies:
+                    pass
+            except grpc.RpcError as exc:
+                codes.append((exc.code(), exc.details()))
+    assert {c for c, _ in codes} == {grpc.StatusCode.INVALID_ARGUMENT}, codes
+    assert "no AgentMessage" in codes[0][1]
+    assert "Traceback" not in caplog.text
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(refusals) <= 2, [r.getMessage() for r in refusals]
