@@ -24,6 +24,7 @@ from skyfed.coordinator.downlink import Downlink
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
+from skyfed.coordinator.outer import OuterOptimizer
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
@@ -71,6 +72,7 @@ class Federation:
             config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
+        self.outer = OuterOptimizer(config.outer)
         self.admission = Admission(self)
         self.intake = Intake(self)
         self.rounds = Rounds(self)
@@ -116,6 +118,7 @@ class Federation:
                 spec_digest=self.digest,
                 weights=self.weights,
                 downlink_residual=self.downlink.residual_list(),
+                outer_momentum=self.outer.state(),
             ),
         )
         self.checkpoints += 1
@@ -134,4 +137,5 @@ class Federation:
             )
         self.weights, self.round = ckpt.weights, ckpt.round + 1
         self.downlink.load_residual_list(ckpt.downlink_residual)
+        self.outer.load(ckpt.outer_momentum)
         log.info("[Coordinator.Resume] round=%d from=%s", self.round, self.config.checkpoint_dir)
