@@ -253,7 +253,7 @@ def save(lines: list[str], what: str) -> Path:
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     path = RESULTS / f"{now:%Y-%m-%d}-compression-{what}.md"
     body = [
-        f"# Codecs at {what}: plain and as the federation runs them",
+        f"# Codecs at {what.upper()}: plain and as the federation runs them",
         "",
         f"- command: `{' '.join(['python', *sys.argv])}`",
         f"- commit: `{commit}`",
