@@ -29,6 +29,8 @@ class Checkpoint:
     spec_digest: str
     weights: list[torch.Tensor]
     downlink_residual: list[torch.Tensor] | None
+    outer_momentum: list[torch.Tensor] | None = None
+    """The outer optimizer's momentum buffers (None: it holds none)."""
 
 
 def save(directory: Path, ckpt: Checkpoint) -> Path:
@@ -39,6 +41,7 @@ def save(directory: Path, ckpt: Checkpoint) -> Path:
         "spec_digest": ckpt.spec_digest,
         "weights": ckpt.weights,
         "downlink_residual": ckpt.downlink_residual,
+        "outer_momentum": ckpt.outer_momentum,
     }
     return write_atomic(directory / LATEST, lambda f: torch.save(state, f))
 
@@ -61,4 +64,5 @@ def load(directory: Path) -> Checkpoint | None:
         spec_digest=str(state["spec_digest"]),
         weights=list(state["weights"]),
         downlink_residual=state["downlink_residual"],
+        outer_momentum=state.get("outer_momentum"),  # absent in checkpoints before it
     )

@@ -23,6 +23,7 @@ from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.downlink import Downlink
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
+from skyfed.coordinator.outer import OuterOptimizer
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
@@ -66,6 +67,7 @@ class Federation:
             config.streams,
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
+        self.outer = OuterOptimizer(config.outer)
         self.admission = Admission(self)
         self.intake = Intake(self)
         self.rounds = Rounds(self)
@@ -104,6 +106,7 @@ class Federation:
                 spec_digest=self.digest,
                 weights=self.weights,
                 downlink_residual=self.downlink.residual_list(),
+                outer_momentum=self.outer.state(),
             ),
         )
 
@@ -120,4 +123,5 @@ class Federation:
             )
         self.weights, self.round = ckpt.weights, ckpt.round + 1
         self.downlink.load_residual_list(ckpt.downlink_residual)
+        self.outer.load(ckpt.outer_momentum)
         log.info("[Coordinator.Resume] round=%d from=%s", self.round, self.config.checkpoint_dir)

@@ -13,8 +13,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.coordinator.status import RoundStats
 from skyfed.fingerprint import weights_digest
@@ -94,7 +92,7 @@ class Rounds:
         the broadcast, the next round."""
         fed = self.fed
         fed.intake.withdraw_all()
-        update = outer_step(fed.aggregate, fed.config.outer_lr)
+        update = fed.outer.step(fed.aggregate.mean())
         codec_name = fed.downlink.codec_for(
             [s.codec for s in fed.sessions.values()] or [fed.links.start_codec]
         )
@@ -166,11 +164,3 @@ class Rounds:
             st.duration_s,
             codec_name,
         )
-
-
-def outer_step(aggregate: RoundAggregate, outer_lr: float) -> list[torch.Tensor]:
-    """The round's update: the weighted mean of the contributions, times ``outer_lr``."""
-    update = aggregate.mean()
-    if outer_lr != 1.0:
-        update = [u * outer_lr for u in update]
-    return update
