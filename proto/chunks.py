@@ -40,18 +40,26 @@ def cut(
 
 def cut_all(payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int) -> list[Chunk]:
     """Chunks for a whole transfer (contribution, aggregate, weights), numbered from 0."""
-    chunks: list[Chunk] = []
+    return list(cut_each(payloads, kind=kind, round=round, max_chunk_bytes=max_chunk_bytes))
+
+
+def cut_each(
+    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int
+) -> Iterator[Chunk]:
+    """:func:`cut_all`'s chunks one at a time, so each can be sent (and its copy of the
+    data dropped) before the next is cut; :func:`count_chunks` says how many come."""
+    seq = 0
     for payload in payloads:
-        chunks.extend(
-            cut(
-                payload,
-                kind=kind,
-                round=round,
-                first_seq=len(chunks),
-                max_chunk_bytes=max_chunk_bytes,
-            )
-        )
-    return chunks
+        for chunk in cut(
+            payload, kind=kind, round=round, first_seq=seq, max_chunk_bytes=max_chunk_bytes
+        ):
+            seq += 1
+            yield chunk
+
+
+def count_chunks(payloads: list[Payload], max_chunk_bytes: int) -> int:
+    """How many chunks :func:`cut_each` makes of ``payloads`` (an empty payload is one)."""
+    return sum(max(1, -(-len(p.data) // max_chunk_bytes)) for p in payloads)
 
 
 class Assembler:
