@@ -268,18 +268,20 @@ def last_line(rows: list[Row]) -> str:
     )
 
 
-def record(what: str, argv: list[str], lines: list[str]) -> Path:
+def record(what: str, argv: list[str], lines: list[str], bench: str = "scale") -> Path:
+    """Write (or append to) ``bench/results/<date>-<bench>-<what>.md``: the command, the
+    commit, the date, the host and ``lines``."""
     today = datetime.date.today().isoformat()
-    path = Path(__file__).parent / "results" / f"{today}-scale-{what}.md"
+    path = Path(__file__).parent / "results" / f"{today}-{bench}-{what}.md"
     path.parent.mkdir(exist_ok=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     text = [
-        f"# bench/scale.py: {what}",
+        f"# bench/{bench}.py: {what}",
         "",
-        f"- command: `python bench/scale.py {shlex.join(argv)}`",
+        f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
