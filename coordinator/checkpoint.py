@@ -46,6 +46,9 @@ ALIGN = 64
 WRITE_SLICE_BYTES = 64 << 20
 TRAILER_BYTES = 8 + len(MAGIC)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SECTIONS = ("weights", "residual", "outer")
+"""The weights, the downlink residual, the outer optimizer's momentum: each one tensor per
+model tensor (the last two may be absent), laid out in this order."""
 
 
 @dataclass(slots=True)
@@ -57,6 +60,8 @@ class Checkpoint:
     spec_digest: str
     weights: list[torch.Tensor]
     downlink_residual: list[torch.Tensor] | None
+    outer_momentum: list[torch.Tensor] | None = None
+    """The outer optimizer's momentum buffers (None: it holds none)."""
 
 
 def path_for(directory: Path, round_: int) -> Path:
@@ -111,24 +116,23 @@ def read(path: Path) -> Checkpoint:
         if footer.get("format") != FORMAT:
             raise ValueError(f"format {footer.get('format')}, expected {FORMAT}")
         sections: dict[str, list[torch.Tensor]] = {}
-        for section in ("weights", "residual"):
-            for entry in footer.get(section) or []:
+        for section in SECTIONS:
+            for entry in footer["sections"].get(section) or []:
                 t = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
                 want = t.numel() * t.element_size()
                 f.seek(entry["offset"])
                 if want and f.readinto(_raw(t)) != want:
                     raise ValueError("file is truncated")
                 sections.setdefault(section, []).append(t)
-    weights, residual = sections.get("weights", []), sections.get("residual")
-    if weights_digest(weights) != footer["weights_digest"]:
-        raise ValueError("weights do not match their digest")
-    if residual is not None and weights_digest(residual) != footer["residual_digest"]:
-        raise ValueError("residual does not match its digest")
+    for section, tensors in sections.items():
+        if weights_digest(tensors) != footer["digests"][section]:
+            raise ValueError(f"{section} do not match their digest")
     return Checkpoint(
         round=int(footer["round"]),
         spec_digest=str(footer["spec_digest"]),
-        weights=weights,
-        downlink_residual=residual,
+        weights=sections.get("weights", []),
+        downlink_residual=sections.get("residual"),
+        outer_momentum=sections.get("outer"),
     )
 
 
@@ -198,27 +202,34 @@ class CheckpointWriter:
                 shapes=[tuple(s) for s in shapes],
                 tmp=target.with_name(f".{target.name}.tmp"),
                 started=time.perf_counter(),
-                entries={"weights": {}, "residual": {}},
+                entries={section: {} for section in SECTIONS},
             )
         )
 
     def add(self, section: str, index: int, tensor: torch.Tensor) -> None:
-        """Queue tensor ``index`` of ``section`` (``weights`` or ``residual``) for writing."""
+        """Queue tensor ``index`` of ``section`` (one of :data:`SECTIONS`) for writing."""
+        if section not in SECTIONS:
+            raise ValueError(f"checkpoint section {section!r} is not one of {SECTIONS}")
         self._jobs.put((section, index, tensor))
 
-    def finish(self, weights_digest: str, residual_digest: str | None) -> None:
-        """Every tensor is added: write the footer and name the file (on the thread)."""
-        self._jobs.put(("finish", weights_digest, residual_digest))
+    def finish(self, digests: dict[str, str]) -> None:
+        """Every tensor is added: write the footer (``digests``: each section's
+        :func:`weights_digest`) and name the file (on the thread)."""
+        self._jobs.put(("finish", dict(digests)))
 
     def submit(self, ckpt: Checkpoint, digest: str) -> None:
         """A whole checkpoint at once: :meth:`begin`, every :meth:`add`, :meth:`finish`."""
         self.begin(ckpt.round, ckpt.spec_digest, [tuple(w.shape) for w in ckpt.weights])
-        for i, w in enumerate(ckpt.weights):
-            self.add("weights", i, w)
-        residual = ckpt.downlink_residual
-        for i, r in enumerate(residual or []):
-            self.add("residual", i, r)
-        self.finish(digest, None if residual is None else weights_digest(residual))
+        digests = {"weights": digest}
+        named = zip(
+            SECTIONS, (ckpt.weights, ckpt.downlink_residual, ckpt.outer_momentum), strict=True
+        )
+        for section, tensors in named:
+            for i, t in enumerate(tensors or []):
+                self.add(section, i, t)
+            if tensors and section != "weights":
+                digests[section] = weights_digest(tensors)
+        self.finish(digests)
 
     def wait_written(self, timeout: float | None = None) -> None:
         """Block until the last checkpoint is whole on disk (a kill keeps it);
@@ -256,7 +267,7 @@ class CheckpointWriter:
                 elif current is None or f is None:
                     continue  # a failed round: drop its jobs until the next begins
                 elif job[0] == "finish":
-                    self._finish(current, f, job[1], job[2])
+                    self._finish(current, f, job[1])
                     current, f = None, None
                 else:
                     section, index, tensor = job
@@ -272,10 +283,10 @@ class CheckpointWriter:
                 self._written.set()
 
     def _offset(self, r: _Round, section: str, index: int) -> int:
-        """Weights first, each tensor aligned, then the residual in the same layout."""
+        """Weights first, each tensor aligned, then each further section in the same layout."""
         offset = 0
         n = len(r.shapes)
-        for k in range(n * (section == "residual") + index):
+        for k in range(n * SECTIONS.index(section) + index):
             shape = r.shapes[k % n]
             numel = 1
             for d in shape:
@@ -297,20 +308,27 @@ class CheckpointWriter:
         r.end = max(r.end, _padded(offset + len(raw)))
         failpoints.reached("checkpoint", r.round)  # a file half written
 
-    def _finish(self, r: _Round, f, digest: str, residual_digest: str | None) -> None:
-        weights, residual = r.entries["weights"], r.entries["residual"]
-        if sorted(weights) != list(range(len(r.shapes))):
-            raise ValueError(f"checkpoint of round {r.round} misses weights")
-        if residual and sorted(residual) != list(range(len(r.shapes))):
-            raise ValueError(f"checkpoint of round {r.round} misses part of the residual")
+    def _finish(self, r: _Round, f, digests: dict[str, str]) -> None:
+        complete = list(range(len(r.shapes)))
+        sections = {}
+        for section in SECTIONS:
+            entries = r.entries[section]
+            if not entries:
+                continue
+            if sorted(entries) != complete:
+                raise ValueError(f"checkpoint of round {r.round} misses part of its {section}")
+            if section not in digests:
+                raise ValueError(f"checkpoint of round {r.round} has no digest of its {section}")
+            sections[section] = [entries[i] for i in complete]
+        if "weights" not in sections and complete:
+            raise ValueError(f"checkpoint of round {r.round} has no weights")
+        sections.setdefault("weights", [])
         footer = {
             "format": FORMAT,
             "round": r.round,
             "spec_digest": r.spec_digest,
-            "weights_digest": digest,
-            "residual_digest": residual_digest if residual else None,
-            "weights": [weights[i] for i in sorted(weights)],
-            "residual": [residual[i] for i in sorted(residual)] if residual else None,
+            "sections": sections,
+            "digests": {k: v for k, v in digests.items() if k in sections},
         }
         text = json.dumps(footer).encode()
         f.seek(r.end)

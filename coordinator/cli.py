@@ -11,6 +11,7 @@ import click
 from skyfed.allocator import fix_mmap_threshold
 from skyfed.config import load_config
 from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.outer import OUTER_OPTIMIZERS
 from skyfed.logs import setup_logging
 from skyfed.wire import EXCHANGES
 
@@ -52,6 +53,13 @@ def main() -> None:
 )
 @click.option("--sgd-lr", type=float, help="--exchange gradient: the SGD step size.")
 @click.option("--sgd-momentum", type=float, help="--exchange gradient: the SGD momentum.")
+@click.option(
+    "--outer-optimizer",
+    type=click.Choice(OUTER_OPTIMIZERS),
+    help="Outer step on the mean pseudo-gradient: sgd (FedAvg) or nesterov (DiLoCo).",
+)
+@click.option("--outer-lr", type=float, help="Outer step size (sgd 1.0, nesterov 0.7).")
+@click.option("--outer-momentum", type=float, help="Outer momentum (sgd 0, nesterov 0.9).")
 @click.option("--heartbeat-ms", type=int, help="Agents' heartbeat interval.")
 @click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
 @click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")

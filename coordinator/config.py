@@ -9,6 +9,7 @@ from typing import Any
 from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
+from skyfed.coordinator.outer import OuterSettings
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
 from skyfed.validate import require
 from skyfed.wire import EXCHANGES
@@ -42,8 +43,16 @@ class CoordinatorConfig:
     """Seconds after a round opens when a quorum is enough to close it."""
     rounds: int = 0
     """Stop after this many rounds (0: run until stopped)."""
-    outer_lr: float = 1.0
-    """Step size applied to the mean pseudo-gradient (1.0 is federated averaging)."""
+    outer_optimizer: str = "sgd"
+    """The coordinator's outer step on the round's mean pseudo-gradient (docs/protocol.md):
+    ``sgd`` (with no momentum and ``outer_lr = 1``: federated averaging) or ``nesterov``
+    (DiLoCo's outer Nesterov momentum, which lets long local phases converge). Its state is
+    checkpointed; the broadcast carries the step it applied."""
+    outer_lr: float | None = None
+    """Outer step size; unset: 1.0 for ``sgd``, DiLoCo's 0.7 for ``nesterov``."""
+    outer_momentum: float | None = None
+    """Outer momentum; unset: 0 for ``sgd``, DiLoCo's 0.9 for ``nesterov`` (which needs one
+    in (0, 1))."""
     exchange: str = "delta"
     """What agents contribute each round (told in the welcome). ``delta``: the change over
     their ``local_steps`` steps of the task's optimizer (a pseudo-gradient). ``gradient``:
@@ -82,6 +91,11 @@ class CoordinatorConfig:
     status_file: Path | None = None
     """Rewrite the status (as JSON) here after every round and at exit."""
 
+    @property
+    def outer(self) -> OuterSettings:
+        """The outer optimizer's settings, defaults resolved."""
+        return OuterSettings.resolve(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+
     def __post_init__(self) -> None:
         require("coordinator", self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")
         require("coordinator", self.quorum >= 1, "quorum", self.quorum, ">= 1")
@@ -93,7 +107,7 @@ class CoordinatorConfig:
             "> 0",
         )
         require("coordinator", self.rounds >= 0, "rounds", self.rounds, ">= 0")
-        require("coordinator", self.outer_lr > 0, "outer_lr", self.outer_lr, "> 0")
+        _ = self.outer  # resolves and checks the outer optimizer's options
         require(
             "coordinator",
             self.exchange in EXCHANGES,

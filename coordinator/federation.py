@@ -23,6 +23,7 @@ from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.downlink import Downlink
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
+from skyfed.coordinator.outer import OuterOptimizer
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
@@ -62,6 +63,7 @@ class Federation:
             config.codec, config.policy, config.monitor, [t.numel for t in self.spec]
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
+        self.outer = OuterOptimizer(config.outer)
         self.admission = Admission(self)
         self.intake = Intake(self)
         self.rounds = Rounds(self)
@@ -97,33 +99,38 @@ class Federation:
     def begin_round_state(self) -> None:
         """The closing round's weights and residuals are about to become final, tensor by
         tensor: start their digest and (with a checkpoint directory) their checkpoint."""
-        self._digest = DigestStream()
-        self._residual_digest = DigestStream()
-        self._residual_count = 0
+        self._digests = {section: DigestStream() for section in checkpoint.SECTIONS}
+        self._written_sections: set[str] = set()
         if self.checkpoints is not None:
             self.checkpoints.begin(self.round, self.digest, [t.shape for t in self.spec])
 
     def tensor_final(self, i: int) -> None:
-        """Tensor ``i``'s weights and downlink residual are final for this round: hash them
-        and hand them to the checkpoint writer while later tensors are encoded."""
-        self._digest.add(self.weights[i])
-        if self.checkpoints is not None:
-            self.checkpoints.add("weights", i, self.weights[i])
-        residual = self.downlink.residual_of(i)
-        if residual is not None:
-            self._residual_count += 1
+        """Tensor ``i``'s weights, downlink residual and outer momentum are final for this
+        round: hash them and hand them to the checkpoint writer while later tensors are
+        encoded (only the weights' digest without a checkpoint directory)."""
+        momentum = self.outer.state()
+        parts = {
+            "weights": self.weights[i],
+            "residual": self.downlink.residual_of(i),
+            "outer": None if momentum is None else momentum[i],
+        }
+        for section, tensor in parts.items():
+            if tensor is None or (section != "weights" and self.checkpoints is None):
+                continue
+            self._digests[section].add(tensor)
+            self._written_sections.add(section)
             if self.checkpoints is not None:
-                self._residual_digest.add(residual)
-                self.checkpoints.add("residual", i, residual)
+                self.checkpoints.add(section, i, tensor)
 
     def end_round_state(self) -> None:
         """Every tensor is final: the weights digest, and the checkpoint's footer (the
         caller holds the lock and waits with :meth:`checkpoint_written` before the
         round's end goes out and before anything changes the tensors again)."""
-        self.weights_digest = self._digest.hexdigest()
+        self.weights_digest = self._digests["weights"].hexdigest()
         if self.checkpoints is not None:
-            residual = self._residual_digest.hexdigest() if self._residual_count else None
-            self.checkpoints.finish(self.weights_digest, residual)
+            self.checkpoints.finish(
+                {s: self._digests[s].hexdigest() for s in self._written_sections}
+            )
 
     def checkpoint_written(self) -> None:
         """Wait until the last checkpoint is whole on disk (a kill no longer loses it)."""
@@ -148,4 +155,5 @@ class Federation:
             )
         self.weights, self.round = ckpt.weights, ckpt.round + 1
         self.downlink.load_residual_list(ckpt.downlink_residual)
+        self.outer.load(ckpt.outer_momentum)
         log.info("[Coordinator.Resume] round=%d from=%s", self.round, self.config.checkpoint_dir)

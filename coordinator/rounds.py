@@ -135,13 +135,14 @@ class Rounds:
             self.maybe_open()
 
     def _update(self, tensor: int, out: torch.Tensor) -> torch.Tensor:
-        """Tensor ``tensor``'s update into ``out``: the weighted mean of the contributions,
-        times ``outer_lr``; its staged payloads are dropped as soon as it is taken."""
-        aggregate, outer_lr = self.fed.aggregate, self.fed.config.outer_lr
-        aggregate.mean_into(tensor, out)
-        aggregate.release(tensor)
-        failpoints.reached("mean", self.fed.round)
-        return out if outer_lr == 1.0 else out.mul_(outer_lr)
+        """Tensor ``tensor``'s update into ``out``: the outer optimizer's step on the
+        weighted mean of the contributions; its staged payloads are dropped as soon as it
+        is taken."""
+        fed = self.fed
+        fed.aggregate.mean_into(tensor, out)
+        fed.aggregate.release(tensor)
+        failpoints.reached("mean", fed.round)
+        return fed.outer.step_into(tensor, out, len(fed.spec))
 
     def _stream(self, payloads: Iterable[Payload], sessions: list[Session]) -> int:
         """Queue every payload's chunks for every session as each payload is made (one

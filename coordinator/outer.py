@@ -1,0 +1,93 @@
+"""The coordinator's outer optimizer: the round's mean pseudo-gradient in, the step out.
+
+Every member applies ``w -= step`` (after the downlink's codec), so the optimizer's state
+lives on the coordinator alone and agents stay bit-identical. ``sgd`` with no momentum is
+federated averaging (``step = lr * g``); ``nesterov`` is DiLoCo's outer step (Douillard et
+al. 2023: lr 0.7, momentum 0.9), the same arithmetic as ``torch.optim.SGD(nesterov=True)``:
+
+    b = mu * b + g;  step = lr * (g + mu * b)        (nesterov)
+    b = mu * b + g;  step = lr * b                   (sgd, mu > 0: heavy ball)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+OUTER_OPTIMIZERS = ("sgd", "nesterov")
+# DiLoCo's outer Nesterov settings; plain SGD defaults to federated averaging.
+DEFAULT_LR = {"sgd": 1.0, "nesterov": 0.7}
+DEFAULT_MOMENTUM = {"sgd": 0.0, "nesterov": 0.9}
+
+
+@dataclass(frozen=True, slots=True)
+class OuterSettings:
+    """Which outer step, at which step size and momentum (defaults resolved)."""
+
+    kind: str = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.0
+
+    @classmethod
+    def resolve(cls, kind: str, lr: float | None, momentum: float | None) -> OuterSettings:
+        """``None`` takes the optimizer's default; ValueError names a bad option."""
+        if kind not in OUTER_OPTIMIZERS:
+            raise ValueError(
+                f"coordinator option outer_optimizer={kind!r} must be one of {OUTER_OPTIMIZERS}"
+            )
+        lr = DEFAULT_LR[kind] if lr is None else lr
+        momentum = DEFAULT_MOMENTUM[kind] if momentum is None else momentum
+        if not lr > 0:
+            raise ValueError(f"coordinator option outer_lr={lr!r} must be > 0")
+        # Nesterov without momentum is plain SGD: ask for "sgd" instead.
+        if not (0 <= momentum < 1 if kind == "sgd" else 0 < momentum < 1):
+            span = "[0, 1)" if kind == "sgd" else "(0, 1)"
+            raise ValueError(f"coordinator option outer_momentum={momentum!r} must be in {span}")
+        return cls(kind, float(lr), float(momentum))
+
+
+class OuterOptimizer:
+    """Turns each round's mean pseudo-gradient into the step every member applies."""
+
+    def __init__(self, settings: OuterSettings) -> None:
+        self.settings = settings
+        self.momentum: list[torch.Tensor] | None = None
+        """One buffer per tensor (float32, the model's size), once a step has run; None
+        while it holds nothing (and always for momentum-free SGD)."""
+
+    @property
+    def stateful(self) -> bool:
+        return self.settings.momentum > 0
+
+    def step(self, mean: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The step for this round's ``mean``; updates the momentum buffers in place."""
+        if not self.stateful and self.settings.lr == 1.0:
+            return list(mean)  # federated averaging: the mean itself
+        return [self.step_into(i, g.clone(), len(mean)) for i, g in enumerate(mean)]
+
+    def step_into(self, i: int, g: torch.Tensor, tensors: int) -> torch.Tensor:
+        """Tensor ``i``'s step, in ``g``'s own memory (``g`` is its mean and is consumed),
+        of a model of ``tensors`` tensors: the round's close takes one tensor at a time
+        (docs/scale.md). Bit for bit the arithmetic of :meth:`step`'s docstring."""
+        s = self.settings
+        if not self.stateful:
+            return g if s.lr == 1.0 else g.mul_(s.lr)
+        if self.momentum is None:
+            self.momentum = [None] * tensors  # type: ignore[list-item] - filled in order
+        b = self.momentum[i]
+        if b is None:
+            b = self.momentum[i] = g.detach().clone()
+        else:
+            b.mul_(s.momentum).add_(g)
+        if s.kind == "nesterov":
+            return g.add_(b, alpha=s.momentum).mul_(s.lr)
+        return g.copy_(b).mul_(s.lr)
+
+    def state(self) -> list[torch.Tensor] | None:
+        """What a checkpoint keeps so a restart resumes the same trajectory."""
+        return self.momentum
+
+    def load(self, momentum: list[torch.Tensor] | None) -> None:
+        self.momentum = momentum
