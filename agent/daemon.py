@@ -18,7 +18,7 @@ from skyfed.compression import PayloadError, codec_names
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
-from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut_all
+from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, count_chunks, cut_each
 from skyfed.wire import (
     EXCHANGES,
     Announce,
@@ -290,23 +290,24 @@ class Agent:
         started = time.monotonic()
         payloads = self.site.contribution(round, self.codec)  # every rank's own shards
         link.encoded(round, time.monotonic() - started)
-        chunks = cut_all(
-            payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
-        )
         self._unacked.add(round)
         link.send(
             Announce(
                 round=round,
-                chunks=len(chunks),
+                chunks=count_chunks(payloads, self.max_chunk_bytes),
                 samples=result.samples,
                 loss=result.loss,
                 train_s=result.train_s,
                 raw_bytes=raw_bytes(self.spec),
             )
         )
-        for chunk in chunks:
+        # One chunk at a time: each slice of a payload is converted for the wire and
+        # dropped before the next is cut (not a second copy of the whole contribution).
+        for chunk in cut_each(
+            payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
+        ):
             link.send(chunk)
-        self.bytes_up += sum(len(c.data) for c in chunks)
+            self.bytes_up += len(chunk.data)
 
     # ---- incoming ------------------------------------------------------------------------
 

@@ -138,8 +138,8 @@ class Rounds:
 
     def _update(self, tensor: int, out: torch.Tensor) -> torch.Tensor:
         """Tensor ``tensor``'s update into ``out``: the outer optimizer's step on the
-        weighted mean of the contributions; its staged payloads are dropped as soon as the
-        mean is taken."""
+        weighted mean of the contributions; its staged payloads are dropped as soon as it
+        is taken."""
         fed = self.fed
         fed.aggregate.mean_into(tensor, out)
         fed.aggregate.release(tensor)
