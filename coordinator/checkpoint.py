@@ -47,8 +47,6 @@ PREFIX = "round-"
 ALIGN = 64
 WRITE_SLICE_BYTES = 64 << 20
 TRAILER_BYTES = 8 + len(MAGIC)
-SECTIONS = ("weights", "residual", "momentum")
-"""What a checkpoint holds, in file order; every section but the weights may be absent."""
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SECTIONS = ("weights", "residual", "outer")
 """The weights, the downlink residual, the outer optimizer's momentum: each one tensor per
