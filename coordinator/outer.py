@@ -49,16 +49,12 @@ class OuterSettings:
 
 
 class OuterOptimizer:
-    """Turns each round's mean pseudo-gradient into the step every member applies.
-
-    Works tensor by tensor (:meth:`step_into`), so the round's close can stream the
-    downlink without a whole-model temporary; :meth:`step` is the same over a list.
-    """
+    """Turns each round's mean pseudo-gradient into the step every member applies."""
 
     def __init__(self, settings: OuterSettings) -> None:
         self.settings = settings
-        self.momentum: list[torch.Tensor | None] | None = None
-        """One buffer per tensor (float32, the tensor's size) once it has stepped; None
+        self.momentum: list[torch.Tensor] | None = None
+        """One buffer per tensor (float32, the model's size), once a step has run; None
         while it holds nothing (and always for momentum-free SGD)."""
 
     @property
@@ -91,9 +87,7 @@ class OuterOptimizer:
 
     def state(self) -> list[torch.Tensor] | None:
         """What a checkpoint keeps so a restart resumes the same trajectory."""
-        if self.momentum is None or any(b is None for b in self.momentum):
-            return None
-        return [b for b in self.momentum if b is not None]
+        return self.momentum
 
     def load(self, momentum: list[torch.Tensor] | None) -> None:
-        self.momentum = None if momentum is None else list(momentum)
+        self.momentum = momentum
