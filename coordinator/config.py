@@ -39,7 +39,9 @@ class CoordinatorConfig:
     min_agents: int = 1
     """Agents that must be connected before round 0 opens."""
     quorum: int = 1
-    """Contributions that let a round close once its deadline has passed."""
+    """The fewest contributions a round closes with: it waits for them however long it
+    takes (with fewer members connected, until more join). With at least ``quorum``, a
+    round closes when every member has contributed or once its deadline has passed."""
     round_deadline_s: float = 30.0
     """Seconds after a round opens when a quorum is enough to close it."""
     rounds: int = 0

@@ -80,7 +80,7 @@ class Rounds:
     def _should_close(self) -> bool:
         fed = self.fed
         committed = fed.aggregate.committed
-        if committed == 0:
+        if committed < max(1, fed.config.quorum):  # a minimum, even when all have sent
             return False
         if all(key in fed.contributed for key in fed.sessions):
             return True
