@@ -10,7 +10,7 @@ import click
 
 from skyfed.agent.config import AgentConfig
 from skyfed.config import load_config
-from skyfed.logs import setup_logging
+from skyfed.logs import LOG_LEVELS, setup_logging
 
 
 @click.group()
@@ -42,7 +42,12 @@ def main() -> None:
 @click.option(
     "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
 )
-@click.option("--log-level", default=None)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
+)
 def start(config_path: Path | None, log_level: str | None, **flags: object) -> None:
     """Join the federation and train until it is done."""
     try:
@@ -50,6 +55,9 @@ def start(config_path: Path | None, log_level: str | None, **flags: object) -> N
         from skyfed.agent.ranks import resolve_device
 
         resolve_device(config)  # fails early: cuda without enough GPUs
+        from skyfed.agent import preflight
+
+        preflight.check(config)  # key pair, files, task, TP plan: one line each
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     setup_logging(log_level, who=config.name)
