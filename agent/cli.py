@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from skyfed.agent.config import AgentConfig
+from skyfed.cliflags import field_flags, show_defaults
 from skyfed.config import load_config
 from skyfed.logs import LOG_LEVELS, setup_logging
 
@@ -42,6 +43,16 @@ def main() -> None:
 @click.option(
     "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
 )
+@field_flags(
+    AgentConfig,
+    {
+        "seed": (int, "Seed of the initial weights (the coordinator's) and the data order."),
+        "reconnect_initial_s": (float, "First reconnect delay; doubles up to the max."),
+        "reconnect_max_s": (float, "Longest reconnect delay."),
+        "give_up_after_s": (float, "Stop retrying after this long without a session (0: never)."),
+        "threads": (int, "torch intra-op threads for local training."),
+    },
+)
 @click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
@@ -65,3 +76,6 @@ def start(config_path: Path | None, log_level: str | None, **flags: object) -> N
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
     sys.exit(run(config, log_level))
+
+
+show_defaults(start, AgentConfig)
