@@ -93,7 +93,10 @@ class FederationServicer(pb_grpc.FederationServicer):
             fed.intake.chunk(session, message)
         elif isinstance(message, Heartbeat):
             fed.links.heartbeat(session, message)
-            session.send(Heartbeat(sent_ns=time.monotonic_ns(), echo_ns=message.sent_ns))
+            if message.sent_ns:  # an agent's echo of ours (sent_ns 0) gets no answer
+                now_ns = time.monotonic_ns()
+                fed.links.sent_heartbeat(session, now_ns)
+                session.send(Heartbeat(sent_ns=now_ns, echo_ns=message.sent_ns))
         else:
             raise ProtocolError("an empty or unknown message")
 
