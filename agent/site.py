@@ -178,7 +178,6 @@ class Site:
         self, round: int, datas: list[bytes], decoded: list[torch.Tensor] | None = None
     ) -> None:
         self.trainer.apply(decoded if decoded is not None else _decode_each(datas))
-        self.uplink.prune(round)
 
     def _load(self, datas: list[bytes], decoded: list[torch.Tensor] | None = None) -> None:
         self.trainer.load(decoded if decoded is not None else _decode_each(datas))

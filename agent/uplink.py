@@ -62,7 +62,3 @@ class Uplink:
     def refused(self, round: int) -> None:
         for key, s in self._unacked.pop(round, {}).items():
             self.feedback.credit(key, s)
-
-    def prune(self, round: int) -> None:
-        """Forget contributions older than the previous round: no receipt will come now."""
-        self._unacked = {r: v for r, v in self._unacked.items() if r > round - 2}
