@@ -94,9 +94,10 @@ class CoordinatorConfig:
     liveness_timeout_s: float = 30.0
     """An agent silent (no message at all) this long is dropped from the round."""
     final_wait_s: float = 30.0
-    """After the last round, how long to wait for agents to close their streams (each does
-    once it has applied that round) before the coordinator stops; on a slow link the final
-    broadcast takes a while."""
+    """After the last round, how long the coordinator keeps serving before it stops: until
+    every open stream has closed (each agent closes once it has applied that round; on a
+    slow link the final broadcast takes a while) and every agent that ever contributed
+    has had the final weights (one down at the end reconnects and fetches them)."""
     max_streams_per_identity: int = 4
     """Open session streams one certificate identity may hold at once (a reconnect may
     briefly overlap its old stream; striped connections of one session count as one). One

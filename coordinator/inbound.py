@@ -189,6 +189,7 @@ class Intake:
             fed.links.get(session).upload_done(session.bytes_up, time.monotonic(), inbound.train_s)
             session.state = "idle"
             fed.contributed.add(session.key)
+            fed.contributors.add(session.key)
             fed.rounds.contributed(inbound.loss, inbound.train_s)
             session.send(Receipt(round=session.last_round, accepted=True))
             fed.cond.notify_all()

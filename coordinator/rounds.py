@@ -50,11 +50,19 @@ class Rounds:
             # then its broadcast may still be crossing a slow link: closing at once (the
             # server stopping right behind) cut a lossy link's final round off mid-transfer
             # and left that agent reconnecting to nothing.
+            # Members that contributed but were down at the end may reconnect and fetch the
+            # final weights (admission sends them, marked final) within the same wait.
             deadline = time.monotonic() + fed.config.final_wait_s
-            while not fed.stopping and fed.sessions and time.monotonic() < deadline:
+            while not fed.stopping and self._owed() and time.monotonic() < deadline:
                 fed.cond.wait(timeout=0.05)
             for s in fed.sessions.values():
                 s.close()  # after the queued final messages
+
+    def _owed(self) -> bool:
+        """Someone may still need the final weights: a stream still open, or a member
+        that contributed and has not had them."""
+        fed = self.fed
+        return bool(fed.sessions) or bool(fed.contributors - fed.final_delivered)
 
     def stop(self) -> None:
         with self.fed.cond:
@@ -121,6 +129,8 @@ class Rounds:
             max_chunk_bytes=fed.config.max_chunk_bytes,
         )
         for s in list(fed.sessions.values()):
+            if final:
+                fed.final_delivered.add(s.key)
             before = s.bytes_down
             for chunk in chunks:
                 s.send(chunk)
