@@ -78,6 +78,12 @@ class FederationServicer(pb_grpc.FederationServicer):
             return
         except grpc.RpcError:
             pass  # the call ended under us (client gone, cancelled)
+        except Exception as exc:  # a bug: this session ends, the coordinator serves on
+            if self._refusals.ready(f"bug:{session.key}"):
+                log.exception("[Federation.Session] agent=%s failed", session.key)
+            fed.admission.leave(session)
+            session.close(grpc.StatusCode.INTERNAL, f"the coordinator failed on a message: {exc!r}")
+            return
         fed.admission.leave(session)
         session.close()
 
