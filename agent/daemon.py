@@ -144,6 +144,16 @@ class Agent:
         finally:
             link.close()
             channel.close()
+            self._forget_unacked()
+
+    def _forget_unacked(self) -> None:
+        """The session is gone, and with it any receipt still due: whether those rounds
+        counted is unknown, and crediting them back could count their work twice. (On a
+        live session every contribution gets its receipt, however late: a refusal is
+        always credited back, docs/protocol.md.)"""
+        for round in sorted(self._unacked):
+            self.site.acked(round)
+        self._unacked.clear()
 
     # ---- one session ---------------------------------------------------------------------
 
@@ -343,7 +353,7 @@ class Agent:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
         if len(datas) != len(self.spec):
             raise Resync(f"aggregate of round {end.round} misses tensors")
-        try:  # prunes old unacked; a payload that does not decode leaves us to resync
+        try:  # a payload that does not decode leaves us to resync
             self.site.apply(end.round, [datas[i] for i in range(len(datas))])
         except PayloadError as exc:
             raise Resync(f"undecodable aggregate of round {end.round}: {exc}") from exc
@@ -356,7 +366,6 @@ class Agent:
         if spec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
             self.codec = self._checked_codec(end.round + 1, spec)
-        self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
             raise Finished

@@ -187,7 +187,6 @@ class Site:
 
     def _apply(self, round: int, datas: list[bytes]) -> None:
         self.trainer.apply_encoded(datas)
-        self.uplink.prune(round)
 
     def _load(self, datas: list[bytes]) -> None:
         self.trainer.load_encoded(datas)

@@ -63,6 +63,11 @@ class Federation:
         self.stats = RoundStats(self.round, time.monotonic())
         self.aggregate = RoundAggregate(self.spec)
         self.contributed: set[str] = set()
+        self.contributors: set[str] = set()
+        """Every identity that ever had a contribution counted: each is owed the final
+        weights (``final_wait_s``)."""
+        self.final_delivered: set[str] = set()
+        """Identities the final round or the final weights were sent to."""
         self.round_open = False
         self.round_closed = threading.Event()
         """Set after every closed round; the observer clears it (``coordinator/observe.py``)."""
