@@ -232,6 +232,11 @@ def check_paths(config: CoordinatorConfig) -> None:
             raise click.UsageError(f"{option} {path} does not exist{hint}")
     if config.crl is not None and not config.crl.is_file():
         raise click.UsageError(f"--crl {config.crl} does not exist (run `certs refresh-crl`)")
+    if config.run_dir is not None:  # the coordinator's own directory: made, not checked
+        try:
+            config.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.UsageError(f"--run-dir {config.run_dir}: {exc.strerror}") from exc
     for option, path in (("--status-file", config.status_file), ("--port-file", config.port_file)):
         if path is not None and not path.parent.is_dir():
             raise click.UsageError(f"{option} {path}: directory {path.parent} does not exist")
