@@ -88,7 +88,7 @@ class EcSgd(Codec):
 
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
-        return self._encode(as_flat_f32(x), tuple(x.shape), out)[0]
+        return self._encode(as_flat_f32(x), tuple(x.shape), out, None, None)
 
     def encode_with_feedback(
         self,
@@ -96,48 +96,80 @@ class EcSgd(Codec):
         residual: torch.Tensor | None,
         out: frame.PayloadBuffer | None = None,
     ) -> tuple[bytes, torch.Tensor]:
-        """``e' = p - D(q)``, dequantized from the codes without parsing the payload, in
-        the residual's memory."""
+        """``e' = p - D(q)`` run by run of blocks while they are in cache, in the
+        residual's memory (on a ValueError for a non-finite input it is left part summed)."""
         g_flat = as_flat_f32(g)
         e_flat = residual_memory(g_flat, residual)
-        p = g_flat if e_flat is None else e_flat.add_(g_flat)
-        payload, codes, scales_nb = self._encode(p, tuple(g.shape), out)
-        sent = torch.empty_like(p)
-        _dequantize(codes, scales_nb, self.bits, self.block, sent)
-        e_new = torch.sub(p, sent, out=sent) if e_flat is None else p.sub_(sent)
+        if e_flat is None:  # p is g itself, which stays the caller's
+            e_new = torch.empty_like(g_flat)
+            payload = self._encode(g_flat, tuple(g.shape), out, None, e_new)
+        else:  # p = e + g, summed into the residual's memory run by run
+            e_new = e_flat
+            payload = self._encode(e_flat, tuple(g.shape), out, g_flat, e_flat)
         return payload, e_new.view(g.shape)
 
     def _encode(
-        self, flat: torch.Tensor, shape: tuple[int, ...], out: frame.PayloadBuffer | None = None
-    ) -> tuple[bytes, torch.Tensor, torch.Tensor]:
-        """The payload, the codes ``(nb * B,)`` uint8 and the scales ``(nb,)``."""
-        blocks = _padded_blocks(flat, self.block)  # (nb, B)
-        scales_nb = _block_scales(blocks, self.bits, flat.numel(), self.clip)
-        if scales_nb.numel() and not float(scales_nb.max()) <= MAX_SCALE:
-            raise ValueError(f"ecsgd input holds inf, NaN or magnitudes above {MAX_SCALE}")
+        self,
+        flat: torch.Tensor,
+        shape: tuple[int, ...],
+        out: frame.PayloadBuffer | None,
+        add: torch.Tensor | None,
+        feedback: torch.Tensor | None,
+    ) -> bytes:
+        """The payload of ``p = flat (+ add)``, written run by run of whole blocks into its
+        frame; with ``feedback`` (1-D, may be ``flat`` itself), ``feedback = p - D(q)``."""
+        n, block = flat.numel(), self.block
+        nb = -(-n // block)
+        head = frame.header(self.wire_id, shape, _PARAMS.pack(self.bits, block))
+        size = len(head) + 4 * nb + nb * block * self.bits // 8
+        region_B = (
+            SCRATCH.take("ecsgd-payload", size, torch.uint8) if out is None else out.take(size)
+        )
+        region_B[: len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+        scales_nb = region_B[len(head) : len(head) + 4 * nb].view(torch.float32)
+        packed = region_B[len(head) + 4 * nb :]
+        run = max(1, BLOCK_NUMEL // block)  # blocks per run
+        for first in range(0, nb, run):
+            last = min(nb, first + run)
+            lo, hi = first * block, min(n, last * block)
+            p_rows = _rows(flat[lo:hi], add[lo:hi] if add is not None else None, block)
+            scales = scales_nb[first:last]
+            _block_scales(p_rows, self.bits, hi - lo, self.clip, out=scales)
+            if not float(scales.max()) <= MAX_SCALE:
+                raise ValueError(f"ecsgd input holds inf, NaN or magnitudes above {MAX_SCALE}")
+            codes = self._codes(p_rows, scales)
+            row_bytes = block * self.bits // 8
+            _pack_codes(codes, self.bits, packed[first * row_bytes : last * row_bytes])
+            if feedback is not None:
+                sent = SCRATCH.take("ecsgd-sent", codes.numel())
+                _dequantize_rows(codes, scales, 2.0 / (2**self.bits - 1), sent)
+                torch.sub(p_rows.view(-1)[: hi - lo], sent[: hi - lo], out=feedback[lo:hi])
+        if out is None:
+            return bytes(region_B.numpy())
+        return memoryview(region_B.numpy())  # type: ignore[return-value]
+
+    def _codes(self, p_rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """The uint8 codes ``(rows * B,)`` of one run of blocks (a per-thread scratch)."""
+        codes = SCRATCH.take("ecsgd-codes", p_rows.numel(), torch.uint8)
         if self.bits == 1:
-            codes = (blocks >= 0).view(torch.uint8).view(-1)
-        else:
-            codes = self._stochastic_codes(blocks, scales_nb)
-        packed = _pack_codes(codes, self.bits)
-        params = _PARAMS.pack(self.bits, self.block)
-        body = (memoryview(scales_nb.numpy()).cast("B"), memoryview(packed.numpy()))
-        return frame.pack(self.wire_id, shape, params, *body, out=out), codes, scales_nb
+            return torch.ge(p_rows.view(-1), 0, out=codes.view(torch.bool)).view(torch.uint8)
+        return self._stochastic_codes(p_rows, scales, codes)
 
-    def _stochastic_codes(self, blocks: torch.Tensor, scales_nb: torch.Tensor) -> torch.Tensor:
-        """``floor(y + u)`` for ``y = (p / s + 1) (L - 1) / 2``, as uint8 ``(nb * B,)``.
+    def _stochastic_codes(
+        self, p_rows: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor
+    ) -> torch.Tensor:
+        """``floor(y + u)`` for ``y = (p / s + 1) (L - 1) / 2``, into uint8 ``codes``.
 
-        Computed in units of 1/256 so the random bytes add without a dtype-mixing kernel:
-        ``q = floor((256 y + r + 1/2) / 256)``.
+        In units of 1/256, so the random bytes ``r`` enter as they are:
+        ``q = floor((p g + 256 (L - 1) / 2 + r + 1/2) / 256)``, ``g = 256 (L - 1) / (2 s)``.
         """
         half = (2**self.bits - 1) / 2.0
         units = float(_DITHER_LEVELS)
-        gain = torch.where(scales_nb > 0, half * units / scales_nb, 0.0).unsqueeze(1)  # (nb, 1)
-        z = torch.mul(blocks, gain)  # (nb, B)
-        dither = torch.empty_like(z).copy_(self._dither(blocks.numel()).view_as(z))
-        z.add_(dither).add_(half * units + 0.5).mul_(1.0 / units)
-        z.clamp_(0.0, 2.0 * half)
-        return z.to(torch.uint8).view(-1)  # truncation is floor: z >= 0
+        gain = torch.where(scales > 0, half * units / scales, 0.0).unsqueeze(1)  # (rows, 1)
+        z = SCRATCH.take("ecsgd-z", p_rows.numel()).view_as(p_rows)
+        torch.add(self._dither(p_rows.numel()).view_as(p_rows), half * units + 0.5, out=z)
+        z.addcmul_(p_rows, gain).mul_(1.0 / units).clamp_(0.0, 2.0 * half)
+        return codes.copy_(z.view(-1))  # truncation is floor: z >= 0
 
     def _dither(self, numel: int) -> torch.Tensor:
         with self._random_lock:
@@ -152,9 +184,18 @@ class EcSgd(Codec):
         shape: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
         f, bits, block, scales_nb, packed = _parse(payload, expected_shape(out, shape))
-        codes = _unpack_codes(packed, bits)
         result = output_tensor(f.shape, out)
-        _dequantize(codes, scales_nb, bits, block, result.view(-1))
+        flat, n = result.view(-1), f.numel
+        step, row_bytes = 2.0 / (2**bits - 1), block * bits // 8
+        run = max(1, BLOCK_NUMEL // block)  # blocks per run
+        for first in range(0, len(scales_nb), run):
+            last = min(len(scales_nb), first + run)
+            codes = _unpack_codes(packed[first * row_bytes : last * row_bytes], bits)
+            lo, hi = first * block, last * block
+            rows = flat[lo:hi] if hi <= n else SCRATCH.take("decoded", hi - lo)
+            _dequantize_rows(codes, scales_nb[first:last], step, rows)
+            if hi > n:  # the ragged last block
+                flat[lo:n] = rows[: n - lo]
         return result
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -210,43 +251,50 @@ def _parse_params(params: bytes) -> tuple[int, int]:
     return bits, block
 
 
-def _padded_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
-    """``flat`` as ``(nb, B)`` blocks; only a ragged tail costs a copy (zero padding)."""
+def _rows(flat: torch.Tensor, add: torch.Tensor | None, block: int) -> torch.Tensor:
+    """``p = flat (+= add)`` as ``(rows, B)``; only a ragged last block costs a copy
+    (zero padding, in a scratch), and ``flat`` still holds the sum."""
+    if add is not None:
+        flat.add_(add)
     n = flat.numel()
     if n % block == 0:
         return flat.view(-1, block)
-    padded = torch.zeros(-(-n // block) * block)
+    padded = SCRATCH.take("ecsgd-tail", -(-n // block) * block).zero_()
     padded[:n] = flat
     return padded.view(-1, block)
 
 
-def _block_scales(blocks: torch.Tensor, bits: int, numel: int, clip: float) -> torch.Tensor:
-    """``(nb,)`` float32: ``min(max|p|, clip * rms(p))`` per block, or ``mean|p|`` for the
-    1-bit sign (the zero padding of a ragged last block does not count)."""
+def _block_scales(
+    blocks: torch.Tensor, bits: int, numel: int, clip: float, *, out: torch.Tensor
+) -> torch.Tensor:
+    """``out (rows,) = min(max|p|, clip * rms(p))`` per block, or ``mean|p|`` for the 1-bit
+    sign (the zero padding of a ragged last block does not count)."""
     if blocks.numel() == 0:
-        return torch.zeros(0)
+        return out
     counts = torch.full((blocks.shape[0],), float(blocks.shape[1]))
     counts[-1] = numel - (blocks.shape[0] - 1) * blocks.shape[1]
     if bits == 1:
-        return blocks.abs().sum(1).div_(counts)
-    peaks = torch.maximum(blocks.amax(1), blocks.amin(1).neg_())
+        return torch.div(blocks.abs().sum(1), counts, out=out)
+    peaks = torch.maximum(blocks.amax(1), blocks.amin(1).neg_())  # 8x aminmax(dim=1)
     if not clip:
-        return peaks
+        return out.copy_(peaks)
     rms = torch.linalg.vector_norm(blocks, dim=1).div_(counts.sqrt_())
-    return torch.minimum(peaks, rms.mul_(clip))
+    return torch.minimum(peaks, rms.mul_(clip), out=out)
 
 
-def _pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``8 / bits`` codes per byte, the first in the lowest bits (shifts on wide words)."""
-    c = codes.numpy()
+def _pack_codes(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """``8 / bits`` codes per byte into uint8 ``out``, the first in the lowest bits
+    (shifts on wide words)."""
     if bits == 1:
-        return torch.from_numpy(np.packbits(c.view(bool), bitorder="little"))
+        out.copy_(torch.from_numpy(np.packbits(codes.numpy().view(bool), bitorder="little")))
+        return
     if bits == 2:
-        w = c.view(np.uint32)  # bytes c0 c1 c2 c3 -> c0 | c1 << 2 | c2 << 4 | c3 << 6
+        w = codes.view(torch.int32)  # bytes c0 c1 c2 c3 -> c0 | c1 << 2 | c2 << 4 | c3 << 6
         w = w | (w >> 6)
-        return torch.from_numpy((w | (w >> 12)).astype(np.uint8))
-    w = c.view(np.uint16)  # bytes c0 c1 -> c0 | c1 << 4
-    return torch.from_numpy((w | (w >> 4)).astype(np.uint8))
+        out.copy_(w | (w >> 12))  # the low byte of each word
+        return
+    w = codes.view(torch.int16)  # bytes c0 c1 -> c0 | c1 << 4
+    out.copy_(w | (w >> 4))
 
 
 def _spread_table(bits: int) -> np.ndarray:
@@ -268,20 +316,6 @@ def _unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 1:
         return torch.from_numpy(np.unpackbits(p, bitorder="little"))
     return torch.from_numpy(np.take(_SPREAD[bits], p).view(np.uint8))
-
-
-def _dequantize(
-    codes: torch.Tensor, scales_nb: torch.Tensor, bits: int, block: int, out: torch.Tensor
-) -> None:
-    """``out = D(q)`` for 1-D ``out`` of ``n`` elements; the one definition of ``D``."""
-    n = out.numel()
-    full = n // block
-    step = 2.0 / (2**bits - 1)
-    _dequantize_rows(codes[: full * block], scales_nb[:full], step, out[: full * block])
-    if full * block < n:
-        tail = torch.empty(block)
-        _dequantize_rows(codes[full * block :], scales_nb[full:], step, tail)
-        out[full * block :] = tail[: n - full * block]
 
 
 def _dequantize_rows(

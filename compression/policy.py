@@ -89,6 +89,11 @@ class PolicyConfig:
     ``exchange = "gradient"`` :data:`GRADIENT_TOPK_DENSITY`, 1 %)."""
     topk_values: str = "int8"
     """Top-k: ``int8`` (with a scale) or ``fp16`` values."""
+    topk_bits: int = 8
+    """Top-k: bits per kept value, 8 (INT8, one scale per tensor) or 2, 3 or 4 (sign and
+    magnitude, a scale per block of 128 kept values: SparseLoCo's choice; ``int8``
+    values only). Frames say their width, so both ends of a link need only agree on
+    the codec (docs/codecs-performance.md)."""
     topk_warmup_rounds: int = 0
     """Top-k: rounds over which the density falls geometrically from
     ``topk_warmup_start`` to ``topk_density`` (Deep Gradient Compression's warm-up; 0:
@@ -145,6 +150,10 @@ class PolicyConfig:
             self.topk_values,
             "int8|fp16",
         )
+        bits = self.topk_bits
+        require("policy", bits in (2, 3, 4, 8), "topk_bits", bits, "2, 3, 4 or 8")
+        ok = bits == 8 or self.topk_values == "int8"
+        require("policy", ok, "topk_bits", bits, "8 with fp16 values (low bits are integer levels)")
         warmup, start = self.topk_warmup_rounds, self.topk_warmup_start
         require("policy", warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
         require("policy", 0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
@@ -182,7 +191,8 @@ class PolicyConfig:
                     steps=self.topk_warmup_rounds,
                 )
                 density = warmup.density(round_)
-            return {"density": density, "values": self.topk_values}
+            bits = {} if self.topk_bits == 8 else {"bits": self.topk_bits}
+            return {"density": density, "values": self.topk_values, **bits}
         if name == "ecsgd":
             clip = {} if self.ecsgd_clip is None else {"clip": self.ecsgd_clip}
             return {"bits": self.ecsgd_bits, **clip}

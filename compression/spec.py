@@ -1,7 +1,9 @@
 """Codec specs on the wire: a codec name, optionally with its constructor parameters.
 
-``"fp16"`` or ``'topk:{"density": 0.01, "values": "int8"}'``. The coordinator's policy owns
-the parameters; sending them with the codec keeps both ends of a link on the same codec.
+``"fp16"``, ``'topk:{"density": 0.01, "values": "int8"}'`` or, typed by people,
+``topk:bits=2,density=0.01`` (each value read as JSON, else as a string). The
+coordinator's policy owns the parameters; sending them with the codec keeps both ends of
+a link on the same codec.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     name, sep, raw = spec.partition(":")
     if not sep:
         return name, {}
+    if not raw.lstrip().startswith(("{", "[")):
+        return name, _key_values(spec, raw)
     try:
         params = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -51,3 +55,17 @@ def codec_from_spec(spec: str, seed: int | Sequence[int] | None = None) -> Codec
         return make_codec(name, seed=seed, **params)
     except TypeError as exc:
         raise ValueError(f"codec spec {spec!r}: {exc}") from None
+
+
+def _key_values(spec: str, raw: str) -> dict[str, Any]:
+    """``bits=2,density=0.01`` as ``{"bits": 2, "density": 0.01}``."""
+    params: dict[str, Any] = {}
+    for item in raw.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"codec spec {spec!r}: {item!r} is not key=value")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value.strip()
+    return params

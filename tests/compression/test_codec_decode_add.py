@@ -17,6 +17,8 @@ CODECS = [
     ("bf16", {}),
     ("topk", {"density": 0.01}),
     ("topk", {"density": 0.3, "values": "fp16"}),
+    ("topk", {"density": 0.05, "bits": 2}),
+    ("topk", {"density": 0.05, "bits": 3}),
     ("ecsgd", {"bits": 1}),
     ("ecsgd", {"bits": 2, "block": 64, "seed": 0}),
     ("ecsgd", {"bits": 4, "block": 1000, "seed": 0}),  # blocks that do not divide a piece

@@ -26,6 +26,9 @@ CODECS = [
     ("bf16", {}),
     ("topk", {"density": 0.01}),
     ("topk", {"density": 0.3, "values": "fp16"}),
+    ("topk", {"density": 0.05, "bits": 2}),
+    ("topk", {"density": 0.2, "bits": 3, "dense_below": 0}),
+    ("topk", {"density": 0.01, "bits": 4}),
     ("ecsgd", {"bits": 1}),
     ("ecsgd", {"bits": 2, "block": 64}),
     ("ecsgd", {"bits": 4, "seed": 1}),
@@ -75,8 +78,10 @@ def _bound(name: str, params: dict, x: torch.Tensor) -> float:
         return norm * (2**-10 if name == "fp16" else 2**-7) + tiny
     if name == "topk":
         # Dropped elements are the smallest: at most sqrt(n - k) * (k-th magnitude), plus
-        # the value rounding (INT8: half a step of peak / 127 per kept element).
-        return norm + peak * math.sqrt(x.numel()) / 254 + tiny
+        # the value rounding (INT8: half a step of peak / 127 per kept element; low bits:
+        # half a step of at most peak / (2**(bits - 1) - 1)).
+        levels = 254 if params.get("bits", 8) == 8 else 2 * (2 ** (params["bits"] - 1) - 1)
+        return norm + peak * math.sqrt(x.numel()) / levels + tiny
     return norm * 2 + peak * math.sqrt(x.numel()) + tiny  # quantization noise of one step
 
 
@@ -167,6 +172,7 @@ def test_ecsgd_rounding_differs_between_senders_ranks_and_rounds() -> None:
     ("name", "params", "floor"),
     [
         ("topk", {"density": 0.01}, 100.0),
+        ("topk", {"density": 0.01, "bits": 2}, 250.0),
         ("ecsgd", {"bits": 2}, 15.0),
         ("ecsgd", {"bits": 1}, 30.0),
     ],
