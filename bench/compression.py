@@ -26,6 +26,7 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -292,7 +293,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.save:
         what = "-".join([*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)])
-        print(f"saved {save(lines, what.replace(' ', ''))}")
+        print(f"saved {save(lines, re.sub(r'[^a-z0-9.-]+', '', what.lower()))}")
 
 
 if __name__ == "__main__":
