@@ -12,7 +12,7 @@ check:
 	bash .ci/run
 
 lint:
-	ruff check . && ruff format --check .
+	ruff check . && ruff format --check . && python -m pytest -q tests/test_types.py
 
 format:
 	ruff check --fix . && ruff format .

@@ -138,8 +138,9 @@ class CertificateAuthority:
             )
         cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
         key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
-        matches = templates.public_key_der(key) == templates.public_key_der(cert)
-        if not isinstance(key, ec.EllipticCurvePrivateKey) or not matches:
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or (
+            templates.public_key_der(key) != templates.public_key_der(cert)
+        ):
             raise AuthorityError(f"{directory / CA_KEY} is not the key of {directory / CA_CERT}")
         return cls(directory, cert, key)
 

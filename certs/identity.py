@@ -126,7 +126,9 @@ def spiffe_uris(cert: x509.Certificate) -> list[str]:
         san = cert.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME)
     except x509.ExtensionNotFound:
         return []
-    uris = san.value.get_values_for_type(x509.UniformResourceIdentifier)
+    names = san.value
+    assert isinstance(names, x509.SubjectAlternativeName)
+    uris = names.get_values_for_type(x509.UniformResourceIdentifier)
     return [u for u in uris if u.lower().startswith(SCHEME)]
 
 

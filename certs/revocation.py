@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import x448, x25519
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,10 @@ def load_crl(crl_path: Path, ca_cert: x509.Certificate) -> x509.CertificateRevoc
         crl = x509.load_pem_x509_crl(Path(crl_path).read_bytes())
     except (OSError, ValueError) as e:
         raise RevocationError(f"cannot load CRL {crl_path}: {e}") from None
-    if crl.issuer != ca_cert.subject or not crl.is_signature_valid(ca_cert.public_key()):
+    public_key = ca_cert.public_key()
+    if isinstance(public_key, x25519.X25519PublicKey | x448.X448PublicKey):  # cannot sign
+        raise RevocationError(f"CA {ca_cert.subject.rfc4514_string()} has no signing key")
+    if crl.issuer != ca_cert.subject or not crl.is_signature_valid(public_key):
         raise RevocationError(
             f"CRL {crl_path} is not signed by the CA {ca_cert.subject.rfc4514_string()}"
         )

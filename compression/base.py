@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -159,7 +159,7 @@ class Scratch:
 
     def take(self, role: str, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The first ``numel`` elements of this thread's ``role`` buffer (1-D)."""
-        buffers = self._local.__dict__
+        buffers: dict[Any, torch.Tensor] = self._local.__dict__
         buf = buffers.get((role, dtype))
         if buf is None or buf.numel() < numel:
             buf = buffers[(role, dtype)] = torch.empty(numel, dtype=dtype)

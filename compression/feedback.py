@@ -65,7 +65,8 @@ class ErrorFeedback:
         for key, each in codec.plan(pending).items():
             p = pending[key]
             payload, residual = each.encode_with_feedback(p, None)
-            self.residuals[key] = residual if held[key] is None else residual + held[key]
+            kept = held[key]
+            self.residuals[key] = residual if kept is None else residual + kept
             out[key] = (payload, p - residual)
         return out
 

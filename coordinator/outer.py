@@ -75,7 +75,7 @@ class OuterOptimizer:
         if not self.stateful:
             return g if s.lr == 1.0 else g.mul_(s.lr)
         if self.momentum is None:
-            self.momentum = [None] * tensors  # type: ignore[list-item] - filled in order
+            self.momentum = [None] * tensors  # type: ignore[list-item]  # filled in order
         b = self.momentum[i]
         if b is None:
             b = self.momentum[i] = g.detach().clone()

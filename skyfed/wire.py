@@ -8,9 +8,10 @@ coordinator's servicer and the agent's link touch protobuf. Field meanings are t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
@@ -297,8 +298,12 @@ def _check_heartbeat(m: Heartbeat) -> None:
     _int_in("heartbeat.probes_lost", m.probes_lost, 0, m.probes_settled)
 
 
-_CHECKS = {Hello: _check_hello, Announce: _check_announce, Chunk: _check_chunk}
-_CHECKS[Heartbeat] = _check_heartbeat
+_CHECKS: dict[type, Callable[[Any], None]] = {
+    Hello: _check_hello,
+    Announce: _check_announce,
+    Chunk: _check_chunk,
+    Heartbeat: _check_heartbeat,
+}
 
 
 def check_agent_message(m: AgentMessage) -> AgentMessage:
