@@ -81,7 +81,8 @@ class CoordinatorConfig:
     apply round r's aggregate when those steps end (one-round-stale pseudo-gradients, as in
     Streaming DiLoCo): a round then costs about max(training, exchange) instead of their
     sum. Told to agents in the welcome; every agent applies the same updates at the same
-    points, so all stay bit-identical. What it costs in convergence: docs/wan.md#overlap."""
+    points, so all stay bit-identical. It costs loss per round: with it, halve
+    ``outer_lr`` (measured in docs/wan.md#overlap)."""
     codec: str = "auto"
     """Link codec: ``auto`` lets the link policy pick each link's codec from its measured
     RTT, loss and goodput; a codec name (fp32, fp16, bf16, topk, ecsgd) fixes it."""
