@@ -92,7 +92,7 @@ def row(result: dict) -> str:
         return f"| {result['streams']} | - | - | - | - | - |"
 
     def med(key: str) -> float:
-        return statistics.median(x[key] for x in links)
+        return statistics.median(float(x[key]) for x in links)  # JSON writes nan as "NaN"
 
     used = ",".join(str(n) for n in sorted({x["streams"] for x in links}))
     return (

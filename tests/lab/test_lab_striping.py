@@ -43,14 +43,15 @@ def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
     assert all(code == 0 for code in codes.values()), f"{codes}\n{logs}"
     rounds = json.loads(status.read_text())["rounds"]
     links = [link for r in rounds for link in r.get("links", [])]
-    for link in links:
+    for link in links:  # the JSON writes a non-finite figure as "NaN"
         print(
             f"round {link['round']}: {link['streams']} streams, "
-            f"{link['goodputMbit']:.1f} Mbit/s, {link['ratio']:.1f}x floor, {link['limit']}"
+            f"{float(link['goodputMbit']):.1f} Mbit/s, {float(link['ratio']):.1f}x floor, "
+            f"{link['limit']}"
         )
-    one = [link["goodputMbit"] for link in links if link["streams"] == 1]
+    one = [float(link["goodputMbit"]) for link in links if link["streams"] == 1]
     widest = max(link["streams"] for link in links)
-    chosen = [link["goodputMbit"] for link in links if link["streams"] == widest]
+    chosen = [float(link["goodputMbit"]) for link in links if link["streams"] == widest]
     assert one and widest > 1, logs
     ratio = statistics.median(chosen) / statistics.median(one)
     print(f"{widest} streams move {ratio:.1f}x the bytes per second of one")
