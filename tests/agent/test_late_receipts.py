@@ -7,6 +7,7 @@ import torch
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.launch import _trainer
 from skyfed.agent.site import Site
+from skyfed.compression import make_codec
 
 
 def test_refusal_arriving_three_rounds_late_is_credited_back(pki):
@@ -15,9 +16,10 @@ def test_refusal_arriving_three_rounds_late_is_credited_back(pki):
     site.train()
     site.contribution(0, "fp32")
     sent = [t.clone() for t in site.uplink.sent(0) if t is not None]
-    zeros = [torch.zeros(t.shape) for t in site.spec]
+    fp32 = make_codec("fp32")
+    zeros = [bytes(fp32.encode(torch.zeros(t.shape))) for t in site.spec]
     for later in (1, 2, 3):  # the receipt sits behind three rounds' broadcasts
-        site.apply(later, [b""] * len(zeros), zeros)
+        site.apply(later, zeros)
     site.refused(0)
     residuals = site.uplink.feedback.residuals
     credited = [residuals[key] for key in site.uplink.keys if key in residuals]

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from skyfed.agent.launch import exit_rank
 from skyfed.agent.ranks import STORE_HOST, init_ranks
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
@@ -96,3 +97,4 @@ def chargpt_foreach() -> object:
 if __name__ == "__main__":
     rank, world, port, task_spec, out, exchange = sys.argv[1:7]
     main(int(rank), int(world), int(port), task_spec, Path(out), exchange)
+    exit_rank(0)  # as the agent's ranks do: teardown may abort in torch's destructors
