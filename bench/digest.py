@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.record:
         sys.path.insert(0, str(Path(__file__).parent))
-        from scale import record  # one way to write a results file
+        from results_file import record  # one way to write a results file
 
         raw = sys.argv[1:] if argv is None else argv
-        print(f"recorded in {record(args.record, raw, lines, bench='digest')}")
+        print(f"recorded in {record('digest', args.record, raw, lines)}")
     return 0
 
 

@@ -35,19 +35,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import re
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.certs.testing import make_federation
 from skyfed.procs import Children, command, wait_for_file
@@ -268,39 +267,6 @@ def last_line(rows: list[Row]) -> str:
     )
 
 
-def record(what: str, argv: list[str], lines: list[str], bench: str = "scale") -> Path:
-    """Write (or append to) ``bench/results/<date>-<bench>-<what>.md``: the command, the
-    commit, the date, the host and ``lines``."""
-    today = datetime.date.today().isoformat()
-    path = Path(__file__).parent / "results" / f"{today}-{bench}-{what}.md"
-    path.parent.mkdir(exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
-    text = [
-        f"# bench/{bench}.py: {what}",
-        "",
-        f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
-        f"- commit: `{commit}`",
-        f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
-        "",
-        "```",
-        free.rstrip(),
-        "```",
-        "",
-        *lines,
-        "",
-    ]
-    if path.exists():  # a second run of the same record (another size): appended
-        with path.open("a") as f:
-            f.write("\n".join(text))
-    else:
-        path.write_text("\n".join(text))
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", default="1M,10M,25M,100M", help="Model sizes, k/M suffixes.")
@@ -344,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("\n".join(lines))
     if args.record:
-        print(f"recorded in {record(args.record, raw, lines)}", file=sys.stderr)
+        print(f"recorded in {record('scale', args.record, raw, lines)}", file=sys.stderr)
     return 0
 
 

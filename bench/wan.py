@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -49,6 +47,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.lab.federation import Federation, FederationSpec, round_floor_s
 from skyfed.lab.netns import why_unavailable
@@ -457,33 +457,6 @@ def worst_line(rows: list[Row]) -> str:
     return f"worst exchange/floor: {worst.ratio:.2f}x ({worst.profile}, {worst.settings})"
 
 
-def record(what: str, argv: list[str], lines: list[str]) -> Path:
-    today = datetime.date.today().isoformat()
-    path = Path(__file__).parent / "results" / f"{today}-wan-{what}.md"
-    path.parent.mkdir(exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
-    text = [
-        f"# bench/wan.py: {what}",
-        "",
-        f"- command: `python bench/wan.py {shlex.join(argv)}`",
-        f"- commit: `{commit}`",
-        f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
-        "",
-        "```",
-        free.rstrip(),
-        "```",
-        "",
-        *lines,
-        "",
-    ]
-    path.write_text("\n".join(text))
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profiles", help="Default: lan,far-clean,cross-region,transpacific.")
@@ -582,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     print("\n".join(lines))
     if args.record:
-        print(f"recorded in {record(args.record, raw, lines)}", file=sys.stderr)
+        print(f"recorded in {record('wan', args.record, raw, lines)}", file=sys.stderr)
     return 0
 
 

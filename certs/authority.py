@@ -187,8 +187,7 @@ class CertificateAuthority:
     ) -> IssuedCertificate:
         """Issue an agent's client certificate (EKU clientAuth, SAN = its SPIFFE URI)."""
         identity = Identity.agent(self._trust_domain, cloud=cloud, name=name)
-        validity = self._validity(days, not_before, not_after)
-        return self._issue(identity, [], [ExtendedKeyUsageOID.CLIENT_AUTH], validity, replace)
+        return self._issue_client(identity, days, not_before, not_after, replace)
 
     def issue_admin(
         self,
@@ -201,6 +200,16 @@ class CertificateAuthority:
     ) -> IssuedCertificate:
         """Issue an operator's client certificate: admin calls (status, export) need one."""
         identity = Identity.admin(self._trust_domain, name=name)
+        return self._issue_client(identity, days, not_before, not_after, replace)
+
+    def _issue_client(
+        self,
+        identity: Identity,
+        days: int,
+        not_before: datetime | None,
+        not_after: datetime | None,
+        replace: bool,
+    ) -> IssuedCertificate:
         validity = self._validity(days, not_before, not_after)
         return self._issue(identity, [], [ExtendedKeyUsageOID.CLIENT_AUTH], validity, replace)
 

@@ -1,0 +1,46 @@
+"""One way for a bench to keep a measured run: ``bench/results/<date>-<bench>-<what>.md``
+with the command, the commit, the date, the host and the output (docs/results.md)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def record(
+    bench: str, what: str, argv: list[str], lines: list[str], title: str | None = None
+) -> Path:
+    """Write ``lines`` (or append them, for a second run of the same record on one day)."""
+    today = datetime.date.today().isoformat()
+    path = RESULTS / f"{today}-{bench}-{what}.md"
+    path.parent.mkdir(exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
+    text = [
+        f"# {title or f'bench/{bench}.py: {what}'}",
+        "",
+        f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
+        f"- commit: `{commit}`",
+        f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
+        f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
+        "",
+        "```",
+        free.rstrip(),
+        "```",
+        "",
+        *lines,
+        "",
+    ]
+    if path.exists():
+        with path.open("a") as f:
+            f.write("\n".join(text))
+    else:
+        path.write_text("\n".join(text))
+    return path
