@@ -62,7 +62,6 @@ CODECS: dict[str, Callable[[], Codec]] = {
     "fp16": _policy_codec("fp16"),
     "topk 5% int8": _policy_codec("topk"),
     "topk 5% 2-bit": _policy_codec("topk", topk_bits=2),
-    "topk 1% 2-bit": _policy_codec("topk", topk_bits=2, topk_density=0.01),
     "ecsgd 2-bit": _policy_codec("ecsgd"),
 }
 LOCAL_STEPS = (1, 4, 16, 64)
@@ -86,7 +85,7 @@ class Sizes:
         return max(1, self.steps // 50)
 
 
-FULL = Sizes(steps=256, cap=2.0, sites=2, seeds=(0, 1, 2, 3, 4))
+FULL = Sizes(steps=256, cap=STEP_GOAL, sites=2, seeds=(0, 1, 2, 3, 4))
 QUICK = Sizes(
     steps=16,
     cap=1.5,
