@@ -177,7 +177,7 @@ class Exchange:
         else:
             payloads = {k: p for k, (p, _) in ef.encode_all(codec, tensors).items()}
         sent = sum(len(p) for p in payloads.values())
-        return {k: decode_payload(p) for k, p in payloads.items()}, sent
+        return {k: decode_payload(p, shape=tensors[k].shape) for k, p in payloads.items()}, sent
 
     def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
         return self.round_trip(codec, sent)[0]
