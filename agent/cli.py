@@ -11,8 +11,9 @@ import click
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.placement import LAUNCHERS
+from skyfed.cliflags import field_flags, show_defaults
 from skyfed.config import load_config
-from skyfed.logs import FORMATS, setup_logging
+from skyfed.logs import FORMATS, LOG_LEVELS, setup_logging
 
 
 @click.group()
@@ -69,7 +70,19 @@ def main() -> None:
 )
 @click.option("--no-progress", is_flag=True, help="No line per applied round.")
 @click.option("--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]")
-@click.option("--log-level", default=None)
+@field_flags(
+    AgentConfig,
+    {
+        "seed": (int, "Seed of the initial weights (the coordinator's) and the data order."),
+        "threads": (int, "torch intra-op threads for local training."),
+    },
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
+)
 def start(
     config_path: Path | None,
     log_level: str | None,
@@ -83,6 +96,9 @@ def start(
         from skyfed.agent.launch import settle
 
         settle(config)  # fails early: cuda without enough GPUs, tp against the launcher
+        from skyfed.agent import preflight
+
+        preflight.check(config)  # key pair, files, task, TP plan: one line each
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     if log_format:
@@ -97,3 +113,6 @@ def start(
     os.environ[PROGRESS_ENV] = "1" if progress else "0"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
     sys.exit(run(config, log_level, progress))
+
+
+show_defaults(start, AgentConfig)

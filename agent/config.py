@@ -37,7 +37,9 @@ class AgentConfig:
     """Seed of the initial weights (must match the coordinator's), of the data order and,
     with ``name``, of the uplink's stochastic rounding (EC-SGD)."""
     shard: int = 0
-    """Which shard of the task's data this site trains on."""
+    """Which shard of the task's data this site trains on. With one shard (the default)
+    each site draws its own random windows of all the data, seeded by ``seed`` and its name,
+    so sites never train on identical batches (``skyfed.agent.launch.data_seed``)."""
     num_shards: int = 1
     """How many shards the data is cut into."""
     local_steps: int = 4

@@ -18,7 +18,7 @@ from skyfed.compression import PayloadError, codec_names
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
-from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut_all
+from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, count_chunks, cut_each
 from skyfed.wire import (
     EXCHANGES,
     Announce,
@@ -144,6 +144,16 @@ class Agent:
         finally:
             link.close()
             channel.close()
+            self._forget_unacked()
+
+    def _forget_unacked(self) -> None:
+        """The session is gone, and with it any receipt still due: whether those rounds
+        counted is unknown, and crediting them back could count their work twice. (On a
+        live session every contribution gets its receipt, however late: a refusal is
+        always credited back, docs/protocol.md.)"""
+        for round in sorted(self._unacked):
+            self.site.acked(round)
+        self._unacked.clear()
 
     # ---- one session ---------------------------------------------------------------------
 
@@ -290,23 +300,24 @@ class Agent:
         started = time.monotonic()
         payloads = self.site.contribution(round, self.codec)  # every rank's own shards
         link.encoded(round, time.monotonic() - started)
-        chunks = cut_all(
-            payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
-        )
         self._unacked.add(round)
         link.send(
             Announce(
                 round=round,
-                chunks=len(chunks),
+                chunks=count_chunks(payloads, self.max_chunk_bytes),
                 samples=result.samples,
                 loss=result.loss,
                 train_s=result.train_s,
                 raw_bytes=raw_bytes(self.spec),
             )
         )
-        for chunk in chunks:
+        # One chunk at a time: each slice of a payload is converted for the wire and
+        # dropped before the next is cut (not a second copy of the whole contribution).
+        for chunk in cut_each(
+            payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
+        ):
             link.send(chunk)
-        self.bytes_up += sum(len(c.data) for c in chunks)
+            self.bytes_up += len(chunk.data)
 
     # ---- incoming ------------------------------------------------------------------------
 
@@ -342,7 +353,7 @@ class Agent:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
         if len(datas) != len(self.spec):
             raise Resync(f"aggregate of round {end.round} misses tensors")
-        try:  # prunes old unacked; a payload that does not decode leaves us to resync
+        try:  # a payload that does not decode leaves us to resync
             self.site.apply(end.round, [datas[i] for i in range(len(datas))])
         except PayloadError as exc:
             raise Resync(f"undecodable aggregate of round {end.round}: {exc}") from exc
@@ -355,7 +366,6 @@ class Agent:
         if spec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
             self.codec = self._checked_codec(end.round + 1, spec)
-        self._unacked = {r for r in self._unacked if r > end.round - 2}
         self._write_report(digest)
         if end.final or (self.config.rounds and self.applied >= self.config.rounds):
             raise Finished

@@ -186,6 +186,12 @@ class Link:
                     # Timed here, on arrival, not when the training loop gets to it.
                     if message.heartbeat.echo_ns:
                         self.rtt_ms = (time.monotonic_ns() - message.heartbeat.echo_ns) / 1e6
+                        # Echo the coordinator's stamp at once: its own round trip of this
+                        # link bounds what our figures may claim (coordinator/observed.py).
+                        echo = Heartbeat(
+                            echo_ns=message.heartbeat.sent_ns, received=self._merge.received
+                        )
+                        self._outbox.put(serde.agent_message_to_proto(echo))
                     self._outbox.acked(message.heartbeat.received)
                     continue
                 self._merge.add(message.order, message, message.ByteSize())

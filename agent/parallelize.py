@@ -30,7 +30,20 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, Any]) -> nn.
         raise ValueError(
             f"tp={mesh.size()} needs a task with a tp_plan(); this one has none (use tp=1)"
         )
+    check_plan(model, plan)
     return parallelize_module(model, mesh, plan)
+
+
+def check_plan(model: nn.Module, plan: dict[str, Any]) -> None:
+    """ValueError naming the first module ``plan`` names that ``model`` lacks (torch's own
+    error for it is a traceback deep inside ``parallelize_module``)."""
+    names = {name for name, _ in model.named_modules()}
+    for path in plan:
+        if "*" not in path and path not in names:
+            raise ValueError(
+                f"the task's tp_plan() names module {path!r}, which the model lacks; fix the "
+                "plan or run with --tp 1"
+            )
 
 
 def param_groups(params: list[nn.Parameter]) -> list[nn.Parameter] | list[dict[str, Any]]:

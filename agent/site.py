@@ -170,7 +170,8 @@ class Site:
     def _contribution(self, round: int, codec: str) -> list[Payload]:
         built = self.codec(round, codec)  # the coordinator's name, maybe with parameters
         mine = self.uplink.encode(round, built, self._take_delta())
-        self.trainer.sent(self.uplink.sent(round), built)
+        if self.trainer.momentum is not None:  # only gradient exchange needs it decoded
+            self.trainer.sent(self.uplink.sent(round), built)
         gathered = self.group.gather(mine)
         payloads = [p for per_rank in gathered for p in per_rank]
         return sorted(payloads, key=lambda p: (p.tensor, p.shard[1] if p.shard else 0))
@@ -186,7 +187,6 @@ class Site:
 
     def _apply(self, round: int, datas: list[bytes]) -> None:
         self.trainer.apply_encoded(datas)
-        self.uplink.prune(round)
 
     def _load(self, datas: list[bytes]) -> None:
         self.trainer.load_encoded(datas)

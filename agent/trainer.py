@@ -63,6 +63,7 @@ class LocalTrainer:
         local_steps: int,
         mesh: DeviceMesh | None = None,
         device: torch.device | None = None,
+        data_seed: int | None = None,
     ) -> None:
         self.task = task
         self.seed = seed
@@ -79,7 +80,8 @@ class LocalTrainer:
         self.rank = 0 if mesh is None else mesh.get_local_rank()
         self.owned = [self.rank == 0 or s is not None for s in self.shards]
         self.optimizer = task.make_optimizer(param_groups(self.params))
-        self.batches = task.batches(shard, num_shards, seed)
+        # The data order's seed: ``seed`` unless the site has its own (agent/launch.py).
+        self.batches = task.batches(shard, num_shards, seed if data_seed is None else data_seed)
         self.local_steps = local_steps
         self.local_step = 0
         """Local steps done in the current phase (read by the progress line of a long one)."""

@@ -77,7 +77,3 @@ class Uplink:
                 decode_add_payload(data, residuals[key])  # e += D(c), in place
             else:
                 residuals[key] = decode_payload(data, shape=self.shapes[key])
-
-    def prune(self, round: int) -> None:
-        """Forget contributions older than the previous round: no receipt will come now."""
-        self._unacked = {r: v for r, v in self._unacked.items() if r > round - 2}

@@ -150,11 +150,12 @@ def measure(codec: Codec, text: str, numel: int, repeats: int) -> Row:
     return Row(text, numel, ratio, enc, dec, fed_enc, fed_dec, copy_ms)
 
 
-def run(sizes: list[int], repeats: int) -> list[Row]:
+def run(sizes: list[int], repeats: int, only: str = "") -> list[Row]:
     return [
         measure(make_codec(name, **params), label(name, params), numel, repeats)
         for numel in sizes
         for name, params in CODECS
+        if only in label(name, params)
     ]
 
 
@@ -227,7 +228,7 @@ def goals(rows: list[Row]) -> list[str]:
     if not at_goal:
         return [f"goals are checked at {size_text(GOAL_NUMEL)}; not measured in this run"]
     lines = [f"goals at {size_text(GOAL_NUMEL)} elements:"]
-    for goal in GOALS:
+    for goal in (g for g in GOALS if g.label in at_goal):
         text, ok = goal.check(at_goal[goal.label])
         lines.append(f"  {'PASS' if ok else 'FAIL'}  {text}")
     return lines
@@ -253,7 +254,7 @@ def save(lines: list[str], what: str) -> Path:
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     path = RESULTS / f"{now:%Y-%m-%d}-compression-{what}.md"
     body = [
-        f"# Codecs at {what}: plain and as the federation runs them",
+        f"# Codecs at {what.upper()}: plain and as the federation runs them",
         "",
         f"- command: `{' '.join(['python', *sys.argv])}`",
         f"- commit: `{commit}`",
@@ -281,15 +282,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1M,16M", help="comma-separated, e.g. 1M,16M")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per cell (best kept)")
+    parser.add_argument("--only", default="", help="only codecs whose label contains this")
     parser.add_argument("--save", action="store_true", help="also write the run to bench/results/")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads", ""]
-    rows = run(sizes, args.repeats)
+    rows = run(sizes, args.repeats, args.only)
     lines += [*table(rows), "", *goals(rows), "", *memory(max(sizes))]
     print("\n".join(lines))
     if args.save:
-        print(f"saved {save(lines, '-'.join(size_text(s).lower() for s in sizes))}")
+        what = "-".join([*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)])
+        print(f"saved {save(lines, what.replace(' ', ''))}")
 
 
 if __name__ == "__main__":

@@ -252,6 +252,7 @@ class Config:
     local_steps: int  # 0: exchange gradients every step, AdamW after aggregation
     warmup_rounds: int
     sgd_lr: float = 0.0  # > 0: Deep Gradient Compression's setting at this SGD rate
+    outer_lr: float = 1.0  # the coordinator's outer_lr: w -= outer_lr * mean
 
 
 def train(label: str, seed: int, cfg: Config) -> float:
@@ -291,11 +292,11 @@ def _train(label: str, seed: int, cfg: Config) -> float:
             mean, pending = pending, mean
         with torch.no_grad():
             for name, u in (mean or {}).items():
-                params[name].sub_(u)
+                params[name].sub_(u, alpha=cfg.outer_lr)
     if overlap and pending:  # the last round's aggregate, once its exchange is done
         with torch.no_grad():
             for name, u in pending.items():
-                params[name].sub_(u)
+                params[name].sub_(u, alpha=cfg.outer_lr)
     return task.eval_loss(model)
 
 
@@ -343,6 +344,9 @@ def main() -> None:
         "--overlap", action="store_true", help="also every run one round stale (delta exchange)"
     )
     parser.add_argument(
+        "--outer-lr", type=float, default=1.0, help="delta exchange: w -= outer_lr * mean"
+    )
+    parser.add_argument(
         "--to-target",
         action="store_true",
         help="bytes to per-step FP32 data-parallel's held-out loss, every configuration "
@@ -367,7 +371,7 @@ def main() -> None:
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
     warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
     sgd_lr = args.sgd_lr if args.exchange == "gradient" else 0.0
-    cfg = Config(args.rounds, args.sites, local_steps, warmup, sgd_lr)
+    cfg = Config(args.rounds, args.sites, local_steps, warmup, sgd_lr, args.outer_lr)
     for schedule in args.switch:
         try:
             switching(schedule, gradient=bool(sgd_lr))
@@ -383,7 +387,10 @@ def main() -> None:
     mode = f"{local_steps} local AdamW steps per round" if local_steps else "AdamW on gradients"
     if sgd_lr:
         mode = f"gradient exchange, momentum SGD at {sgd_lr:g} with DGC's momentum correction"
-    print(f"chargpt, {cfg.sites} sites, {cfg.rounds} rounds, {mode}, warm-up {warmup} rounds")
+    print(
+        f"chargpt, {cfg.sites} sites, {cfg.rounds} rounds, {mode}, warm-up {warmup} rounds, "
+        f"outer lr {cfg.outer_lr:g}"
+    )
     print(f"seeds {seeds}; change vs fp32 paired per seed: mean ± stdev, min..max")
     print(f"{'codec':<26}{'loss':>9}{'vs fp32':>9}{'':>8}{'range':>18}{'goal':>7}{'':>6}")
     start = time.perf_counter()

@@ -14,7 +14,8 @@ rounds. Per size and codec it prints medians over the rounds after the first:
   agents' apply included);
 - training s: the slowest contributor's local training in that round; exchange s: the rest;
 - coordinator CPU-s per round: user + system time of the coordinator process
-  (``/proc/<pid>/stat``) between the first and the last round's close, per round;
+  (``/proc/<pid>/stat``) between the first and the last round's close, per round; agent
+  CPU-s per round the same for each agent, their mean;
 - coordinator and agent peak RSS (``VmHWM``, polled until the process exits) over the
   model's float32 bytes; the agents' figure is the largest of them. The task's optimizer
   is plain SGD, so an agent holds no optimizer state;
@@ -69,6 +70,8 @@ class Row:
     train_s: float = float("nan")
     exchange_s: float = float("nan")
     cpu_s: float = float("nan")
+    agent_cpu_s: float = float("nan")
+    """CPU seconds per round of an agent, the mean over the agents."""
     coordinator_rss: float = float("nan")
     """Peak RSS over the model's float32 bytes."""
     agent_rss: float = float("nan")
@@ -83,8 +86,8 @@ class Watch:
 
     hwm: dict[str, int] = field(default_factory=dict)
     """Process name -> the last VmHWM read, bytes."""
-    cpu_at_round: dict[int, float] = field(default_factory=dict)
-    """Rounds closed -> the coordinator's CPU seconds when the status file first said so."""
+    cpu_at_round: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Rounds closed -> each process's CPU seconds when the status file first said so."""
     writes_ms: list[float] = field(default_factory=list)
 
 
@@ -117,7 +120,11 @@ def watch(
             try:
                 closed = len(json.loads(status_file.read_text())["rounds"])
                 if closed not in seen.cpu_at_round and coordinator.poll() is None:
-                    seen.cpu_at_round[closed] = cpu_seconds(coordinator.pid)
+                    seen.cpu_at_round[closed] = {
+                        name: cpu_seconds(proc.pid)
+                        for name, proc in kids.procs.items()
+                        if proc.poll() is None
+                    }
             except (OSError, ValueError, KeyError):
                 pass
             writing = any(ckpt_dir.glob(".ckpt-*.tmp")) if ckpt_dir.exists() else False
@@ -207,7 +214,11 @@ def _row(
     marks = [(n, c) for n, c in marks if n >= 1]
     if len(marks) >= 2:
         (n0, c0), (n1, c1) = marks[0], marks[-1]
-        row.cpu_s = (c1 - c0) / (n1 - n0)
+        row.cpu_s = (c1["coordinator"] - c0["coordinator"]) / (n1 - n0)
+        per_agent = [
+            (c1[name] - c0[name]) / (n1 - n0) for _, name in agents if name in c0 and name in c1
+        ]
+        row.agent_cpu_s = statistics.mean(per_agent) if per_agent else float("nan")
     row.coordinator_rss = seen.hwm.get("coordinator", 0) / model_bytes
     row.agent_rss = max(seen.hwm.get(n, 0) for _, n in agents) / model_bytes
     log = kids.log("coordinator")
@@ -233,14 +244,15 @@ def size_text(n: int) -> str:
 def table(rows: list[Row]) -> list[str]:
     lines = [
         "| params | codec | round s | training s | exchange s | coordinator CPU-s/round "
-        "| coordinator peak RSS / model | agent peak RSS / model | checkpoint on path ms "
-        "| checkpoint write ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| agent CPU-s/round | coordinator peak RSS / model | agent peak RSS / model "
+        "| checkpoint on path ms | checkpoint write ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {size_text(r.params)} | {r.codec} | {r.round_s:.2f} | {r.train_s:.2f} "
-            f"| {r.exchange_s:.2f} | {r.cpu_s:.2f} | {r.coordinator_rss:.1f}x "
+            f"| {r.exchange_s:.2f} | {r.cpu_s:.2f} | {r.agent_cpu_s:.2f} "
+            f"| {r.coordinator_rss:.1f}x "
             f"| {r.agent_rss:.1f}x | {r.on_path_ms:.0f} | {r.write_ms:.0f} |"
         )
     return lines
@@ -256,18 +268,20 @@ def last_line(rows: list[Row]) -> str:
     )
 
 
-def record(what: str, argv: list[str], lines: list[str]) -> Path:
+def record(what: str, argv: list[str], lines: list[str], bench: str = "scale") -> Path:
+    """Write (or append to) ``bench/results/<date>-<bench>-<what>.md``: the command, the
+    commit, the date, the host and ``lines``."""
     today = datetime.date.today().isoformat()
-    path = Path(__file__).parent / "results" / f"{today}-scale-{what}.md"
+    path = Path(__file__).parent / "results" / f"{today}-{bench}-{what}.md"
     path.parent.mkdir(exist_ok=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     text = [
-        f"# bench/scale.py: {what}",
+        f"# bench/{bench}.py: {what}",
         "",
-        f"- command: `python bench/scale.py {shlex.join(argv)}`",
+        f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- host: nproc {os.cpu_count()}, shared with other engineers' work",

@@ -89,7 +89,8 @@ def decode_section(
         bits_k = np.unpackbits(data[j * plane : (j + 1) * plane], count=k, bitorder="little")
         codes_k |= torch.from_numpy(bits_k) << j
     values_k = dequantize(codes_k, scales_nb, floor, bits, block)
-    if not torch.isfinite(values_k).all():
+    # f <= |D(q)| <= s_b up to rounding, which can still reach inf next to float32's max.
+    if not math.isfinite(float(values_k.abs().max())):
         raise PayloadError("topk payload holds non-finite values")
     return values_k
 

@@ -96,6 +96,8 @@ class Admission:
             if behind:
                 for message in self.weights_messages():
                     session.send(message)
+            if fed.finished:
+                fed.final_delivered.add(session.key)
             session.state = "idle"
             log.info(
                 "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s tp=%d",

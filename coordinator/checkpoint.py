@@ -47,9 +47,10 @@ PREFIX = "round-"
 ALIGN = 64
 WRITE_SLICE_BYTES = 64 << 20
 TRAILER_BYTES = 8 + len(MAGIC)
-SECTIONS = ("weights", "residual", "momentum")
-"""What a checkpoint holds, in file order; every section but the weights may be absent."""
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SECTIONS = ("weights", "residual", "outer")
+"""The weights, the downlink residual, the outer optimizer's momentum: each one tensor per
+model tensor (the last two may be absent), laid out in this order."""
 
 
 @dataclass(slots=True)
@@ -118,23 +119,22 @@ def read(path: Path) -> Checkpoint:
             raise ValueError(f"format {footer.get('format')}, expected {FORMAT}")
         sections: dict[str, list[torch.Tensor]] = {}
         for section in SECTIONS:
-            for entry in footer.get(section) or []:
+            for entry in footer["sections"].get(section) or []:
                 t = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
                 want = t.numel() * t.element_size()
                 f.seek(entry["offset"])
                 if want and f.readinto(_raw(t)) != want:
                     raise ValueError("file is truncated")
                 sections.setdefault(section, []).append(t)
-    sections.setdefault("weights", [])
     for section, tensors in sections.items():
-        if weights_digest(tensors) != footer[f"{section}_digest"]:
+        if weights_digest(tensors) != footer["digests"][section]:
             raise ValueError(f"{section} do not match their digest")
     return Checkpoint(
         round=int(footer["round"]),
         spec_digest=str(footer["spec_digest"]),
-        weights=sections["weights"],
+        weights=sections.get("weights", []),
         downlink_residual=sections.get("residual"),
-        outer_momentum=sections.get("momentum"),
+        outer_momentum=sections.get("outer"),
     )
 
 
@@ -208,27 +208,27 @@ class CheckpointWriter:
         )
 
     def add(self, section: str, index: int, tensor: torch.Tensor) -> None:
-        """Queue tensor ``index`` of ``section`` (``weights`` or ``residual``) for writing."""
+        """Queue tensor ``index`` of ``section`` (one of :data:`SECTIONS`) for writing."""
+        if section not in SECTIONS:
+            raise ValueError(f"checkpoint section {section!r} is not one of {SECTIONS}")
         self._jobs.put((section, index, tensor))
 
     def finish(self, digests: dict[str, str]) -> None:
-        """Every tensor is added: write the footer with each present section's digest
-        (``weights`` always) and name the file (on the thread)."""
-        self._jobs.put(("finish", digests))
+        """Every tensor is added: write the footer (``digests``: each section's
+        :func:`weights_digest`) and name the file (on the thread)."""
+        self._jobs.put(("finish", dict(digests)))
 
     def submit(self, ckpt: Checkpoint, digest: str) -> None:
         """A whole checkpoint at once: :meth:`begin`, every :meth:`add`, :meth:`finish`."""
         self.begin(ckpt.round, ckpt.spec_digest, [tuple(w.shape) for w in ckpt.weights])
-        for i, w in enumerate(ckpt.weights):
-            self.add("weights", i, w)
         digests = {"weights": digest}
-        for section, tensors in (
-            ("residual", ckpt.downlink_residual),
-            ("momentum", ckpt.outer_momentum),
-        ):
+        named = zip(
+            SECTIONS, (ckpt.weights, ckpt.downlink_residual, ckpt.outer_momentum), strict=True
+        )
+        for section, tensors in named:
             for i, t in enumerate(tensors or []):
                 self.add(section, i, t)
-            if tensors is not None:
+            if tensors and section != "weights":
                 digests[section] = weights_digest(tensors)
         self.finish(digests)
 
@@ -284,8 +284,7 @@ class CheckpointWriter:
                 self._written.set()
 
     def _offset(self, r: _Round, section: str, index: int) -> int:
-        """Weights first, each tensor aligned, then each other section in the same layout
-        (an absent section leaves a hole the file system does not store)."""
+        """Weights first, each tensor aligned, then each further section in the same layout."""
         offset = 0
         n = len(r.shapes)
         for k in range(n * SECTIONS.index(section) + index):
@@ -311,16 +310,27 @@ class CheckpointWriter:
         failpoints.reached("checkpoint", r.round)  # a file half written
 
     def _finish(self, r: _Round, f, digests: dict[str, str]) -> None:
-        footer: dict = {"format": FORMAT, "round": r.round, "spec_digest": r.spec_digest}
+        complete = list(range(len(r.shapes)))
+        sections = {}
         for section in SECTIONS:
             entries = r.entries[section]
-            if section != "weights" and not entries:
-                footer[section] = footer[f"{section}_digest"] = None
+            if not entries:
                 continue
-            if sorted(entries) != list(range(len(r.shapes))):
+            if sorted(entries) != complete:
                 raise ValueError(f"checkpoint of round {r.round} misses part of its {section}")
-            footer[section] = [entries[i] for i in sorted(entries)]
-            footer[f"{section}_digest"] = digests[section]
+            if section not in digests:
+                raise ValueError(f"checkpoint of round {r.round} has no digest of its {section}")
+            sections[section] = [entries[i] for i in complete]
+        if "weights" not in sections and complete:
+            raise ValueError(f"checkpoint of round {r.round} has no weights")
+        sections.setdefault("weights", [])
+        footer = {
+            "format": FORMAT,
+            "round": r.round,
+            "spec_digest": r.spec_digest,
+            "sections": sections,
+            "digests": {k: v for k, v in digests.items() if k in sections},
+        }
         text = json.dumps(footer).encode()
         f.seek(r.end)
         f.write(text + len(text).to_bytes(8, "little") + MAGIC)

@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
+from skyfed.cliflags import field_flags, show_defaults
 from skyfed.config import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
@@ -92,6 +93,19 @@ def main() -> None:
 @click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
 @click.option(
     "--status-file", type=click.Path(path_type=Path), help="Status JSON, rewritten each round."
+)
+@field_flags(
+    CoordinatorConfig,
+    {
+        "seed": (int, "Seed of the initial weights and of the downlink's rounding."),
+        "max_chunk_bytes": (int, "Largest chunk data accepted or sent, in bytes."),
+        "liveness_timeout_s": (float, "Drop an agent silent this long."),
+        "final_wait_s": (float, "After the last round, wait this long for agents to close."),
+        "max_samples": (int, "Most weight (samples) one contribution counts with."),
+        "clip_norm_ratio": (float, "Clip update norms to this x the recent median (0: off)."),
+        "max_streams_per_identity": (int, "Open streams one certificate identity may hold."),
+        "hello_timeout_s": (float, "End a stream that sends no hello this long."),
+    },
 )
 @click.option(
     "--run-dir",
@@ -235,6 +249,9 @@ def start(stack: contextlib.ExitStack, config: CoordinatorConfig):  # noqa: ANN2
     except (RuntimeError, OSError) as exc:
         logging.getLogger(__name__).debug("start failed", exc_info=True)
         raise click.ClickException(str(exc)) from exc
+
+
+show_defaults(serve, CoordinatorConfig)
 
 
 @main.command()

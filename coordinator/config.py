@@ -41,7 +41,9 @@ class CoordinatorConfig:
     """Agents that must be connected before round 0 opens (and, after a restart, before the
     first round opens)."""
     quorum: int = 1
-    """Contributions that let a round close once its deadline has passed."""
+    """The fewest contributions a round closes with: it waits for them however long it
+    takes (with fewer members connected, until more join). With at least ``quorum``, a
+    round closes when every member has contributed or once its deadline has passed."""
     round_deadline_s: float = 30.0
     """Seconds after a round's first committed contribution when a quorum is enough to
     close it: how long the fastest site waits for stragglers, whatever the local phase
@@ -109,10 +111,10 @@ class CoordinatorConfig:
     liveness_timeout_s: float = 30.0
     """An agent silent (no message at all) this long is dropped from the round."""
     final_wait_s: float = 30.0
-    """After the last round, how long to wait for agents to close their streams (each does
-    once it has applied that round) before the coordinator stops; on a slow link the final
-    broadcast takes a while. An agent that connects meanwhile gets the final weights and
-    stops."""
+    """After the last round, how long the coordinator keeps serving before it stops: until
+    every open stream has closed (each agent closes once it has applied that round; on a
+    slow link the final broadcast takes a while) and every agent that ever contributed
+    has had the final weights (one down at the end reconnects and fetches them)."""
     max_streams_per_identity: int = 4
     """Open session streams one certificate identity may hold at once (a reconnect may
     briefly overlap its old stream; striped connections of one session count as one). One

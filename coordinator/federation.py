@@ -63,6 +63,11 @@ class Federation:
         self.stats = RoundStats(self.round, time.monotonic())
         self.aggregate = RoundAggregate(self.spec)
         self.contributed: set[str] = set()
+        self.contributors: set[str] = set()
+        """Every identity that ever had a contribution counted: each is owed the final
+        weights (``final_wait_s``)."""
+        self.final_delivered: set[str] = set()
+        """Identities the final round or the final weights were sent to."""
         self.round_open = False
         self.round_closed = threading.Event()
         """Set after every closed round; the observer clears it (``coordinator/observe.py``)."""
@@ -125,39 +130,38 @@ class Federation:
     def begin_round_state(self) -> None:
         """The closing round's weights and residuals are about to become final, tensor by
         tensor: start their digest and (with a checkpoint directory) their checkpoint."""
-        self._digest = DigestStream()
-        # The checkpoint's other sections, each hashed as its tensors become final.
-        self._section_digests = {"residual": DigestStream(), "momentum": DigestStream()}
-        self._section_counts = {"residual": 0, "momentum": 0}
+        self._digests = {section: DigestStream() for section in checkpoint.SECTIONS}
+        self._written_sections: set[str] = set()
         if self.checkpoints is not None:
             self.checkpoints.begin(self.round, self.digest, [t.shape for t in self.spec])
 
     def tensor_final(self, i: int) -> None:
         """Tensor ``i``'s weights, downlink residual and outer momentum are final for this
         round: hash them and hand them to the checkpoint writer while later tensors are
-        encoded."""
-        self._digest.add(self.weights[i])
-        if self.checkpoints is None:
-            return
-        self.checkpoints.add("weights", i, self.weights[i])
-        momentum = self.outer.momentum[i] if self.outer.momentum is not None else None
-        for section, tensor in (("residual", self.downlink.residual_of(i)), ("momentum", momentum)):
-            if tensor is not None:
-                self._section_counts[section] += 1
-                self._section_digests[section].add(tensor)
+        encoded (only the weights' digest without a checkpoint directory)."""
+        momentum = self.outer.state()
+        parts = {
+            "weights": self.weights[i],
+            "residual": self.downlink.residual_of(i),
+            "outer": None if momentum is None else momentum[i],
+        }
+        for section, tensor in parts.items():
+            if tensor is None or (section != "weights" and self.checkpoints is None):
+                continue
+            self._digests[section].add(tensor)
+            self._written_sections.add(section)
+            if self.checkpoints is not None:
                 self.checkpoints.add(section, i, tensor)
 
     def end_round_state(self) -> None:
         """Every tensor is final: the weights digest, and the checkpoint's footer (the
         caller holds the lock and waits with :meth:`checkpoint_written` before the
         round's end goes out and before anything changes the tensors again)."""
-        self.weights_digest = self._digest.hexdigest()
+        self.weights_digest = self._digests["weights"].hexdigest()
         if self.checkpoints is not None:
-            digests = {"weights": self.weights_digest}
-            for section, stream in self._section_digests.items():
-                if self._section_counts[section]:
-                    digests[section] = stream.hexdigest()
-            self.checkpoints.finish(digests)
+            self.checkpoints.finish(
+                {s: self._digests[s].hexdigest() for s in self._written_sections}
+            )
 
     def checkpoint_written(self) -> None:
         """Wait until the last checkpoint is whole on disk (a kill no longer loses it)."""

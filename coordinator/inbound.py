@@ -227,6 +227,7 @@ class Intake:
                 del session.transfers[old]
             session.state = "idle"
             fed.contributed.add(session.key)
+            fed.contributors.add(session.key)
             fed.rounds.contributed(inbound.loss, inbound.train_s)
             session.send(Receipt(round=session.last_round, accepted=True))
             fed.cond.notify_all()

@@ -22,6 +22,7 @@ from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig
 from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
 from skyfed.coordinator import streams as stream_policy
 from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
+from skyfed.coordinator.observed import Observed
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
 from skyfed.coordinator.streams import StreamsConfig, StreamsState
 from skyfed.wire import ExchangeTiming, Heartbeat
@@ -89,6 +90,8 @@ class LinkState:
         """The figures of the step that chose the link's codec: what its switch is logged
         with (windows that close before the round boundary do not replace them)."""
         self.lock = threading.Lock()
+        self.observed = Observed()
+        """The coordinator's own view of the link: it bounds the agent's claims."""
         self._settled = self._lost = 0
         self._reported_at = -math.inf  # when the probe last reported a round trip
         self._upload: tuple[float, int] | None = None
@@ -107,22 +110,38 @@ class LinkState:
             self._upload = None
 
     def heartbeat(self, beat: Heartbeat, now_s: float) -> None:
+        """An agent's heartbeat: its claims count only as far as the coordinator's own
+        view of this link bears them out (``coordinator/observed.py``)."""
         with self.lock:
-            if beat.rtt_ms > 0 and now_s - self._reported_at > STREAM_RTT_AFTER_S:
+            if beat.echo_ns:
+                self.observed.echoed(beat.echo_ns, time.monotonic_ns())
+            rtt_ms = self.observed.bound_rtt(beat.rtt_ms, now_s) if beat.rtt_ms > 0 else None
+            if rtt_ms is not None and now_s - self._reported_at > STREAM_RTT_AFTER_S:
                 # The stream's round trip, which a transfer in flight inflates: a stand-in.
-                self.monitor.add_rtt(now_s, beat.rtt_ms)
+                self.monitor.add_rtt(now_s, rtt_ms)
+            lost_total = self._bounded_lost(beat)
             settled = beat.probes_settled - self._settled
-            lost = beat.probes_lost - self._lost
+            lost = lost_total - self._lost
             if settled >= 0 and lost >= 0:
                 self.monitor.add_probes(now_s, settled, lost)
-            self._settled, self._lost = beat.probes_settled, beat.probes_lost
+                self._settled, self._lost = beat.probes_settled, lost_total
             self._advance(now_s)
 
+    def _bounded_lost(self, beat: Heartbeat) -> int:
+        key = self.probe
+        if key is None:
+            return 0  # no probe of ours runs: claimed counts are no evidence
+        sent = key.last_seq + 1
+        return Observed.bound_lost(beat.probes_lost, beat.probes_settled, sent, key.received)
+
     def probe_rtt(self, rtt_ms: float) -> None:
-        """A round trip the agent's probe measured, reported on its next probe."""
+        """A round trip the agent's probe measured, reported on its next probe (bounded
+        by the round trips the coordinator saw itself)."""
         with self.lock:
             now_s = self._reported_at = time.monotonic()
-            self.monitor.add_rtt(now_s, rtt_ms)
+            bounded = self.observed.bound_rtt(rtt_ms, now_s)
+            if bounded is not None:
+                self.monitor.add_rtt(now_s, bounded)
             self._advance(now_s)
 
     def upload_begins(self, bytes_up: int, now_s: float) -> None:
@@ -317,6 +336,13 @@ class Links:
 
     def get(self, session: Session) -> LinkState | None:
         return self._links.get(session.key)
+
+    def sent_heartbeat(self, session: Session, sent_ns: int) -> None:
+        """We stamped a heartbeat to the agent with ``sent_ns``: its echo times the link."""
+        link = self._links.get(session.key)
+        if link is not None:
+            with link.lock:
+                link.observed.sent(sent_ns)
 
     def heartbeat(self, session: Session, beat: Heartbeat) -> None:
         """Feed a heartbeat's measurements; refresh the session's figures for status."""

@@ -49,48 +49,45 @@ class OuterSettings:
 
 
 class OuterOptimizer:
-    """Turns each round's mean pseudo-gradient into the step every member applies.
-
-    Works tensor by tensor (:meth:`step_into`), so the round's close can stream the
-    downlink without a whole-model temporary; :meth:`step` is the same over a list.
-    """
+    """Turns each round's mean pseudo-gradient into the step every member applies."""
 
     def __init__(self, settings: OuterSettings) -> None:
         self.settings = settings
-        self.momentum: list[torch.Tensor | None] | None = None
-        """One buffer per tensor (float32, the tensor's size) once it has stepped; None
+        self.momentum: list[torch.Tensor] | None = None
+        """One buffer per tensor (float32, the model's size), once a step has run; None
         while it holds nothing (and always for momentum-free SGD)."""
 
     @property
     def stateful(self) -> bool:
         return self.settings.momentum > 0
 
-    def step_into(self, index: int, mean: torch.Tensor, tensors: int) -> torch.Tensor:
-        """Tensor ``index``'s step, written over its ``mean`` (and returned); updates its
-        momentum buffer. ``tensors``: how many the model has."""
+    def step(self, mean: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The step for this round's ``mean``; updates the momentum buffers in place."""
+        if not self.stateful and self.settings.lr == 1.0:
+            return list(mean)  # federated averaging: the mean itself
+        return [self.step_into(i, g.clone(), len(mean)) for i, g in enumerate(mean)]
+
+    def step_into(self, i: int, g: torch.Tensor, tensors: int) -> torch.Tensor:
+        """Tensor ``i``'s step, in ``g``'s own memory (``g`` is its mean and is consumed),
+        of a model of ``tensors`` tensors: the round's close takes one tensor at a time
+        (docs/scale.md). Bit for bit the arithmetic of :meth:`step`'s docstring."""
         s = self.settings
         if not self.stateful:
-            return mean if s.lr == 1.0 else mean.mul_(s.lr)
+            return g if s.lr == 1.0 else g.mul_(s.lr)
         if self.momentum is None:
-            self.momentum = [None] * tensors
-        buf = self.momentum[index]
-        if buf is None:
-            buf = self.momentum[index] = mean.detach().clone()
+            self.momentum = [None] * tensors  # type: ignore[list-item] - filled in order
+        b = self.momentum[i]
+        if b is None:
+            b = self.momentum[i] = g.detach().clone()
         else:
-            buf.mul_(s.momentum).add_(mean)
+            b.mul_(s.momentum).add_(g)
         if s.kind == "nesterov":
-            return mean.add_(buf, alpha=s.momentum).mul_(s.lr)
-        return mean.copy_(buf).mul_(s.lr)
-
-    def step(self, mean: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The step for each tensor of ``mean`` (overwritten in place)."""
-        return [self.step_into(i, m, len(mean)) for i, m in enumerate(mean)]
+            return g.add_(b, alpha=s.momentum).mul_(s.lr)
+        return g.copy_(b).mul_(s.lr)
 
     def state(self) -> list[torch.Tensor] | None:
         """What a checkpoint keeps so a restart resumes the same trajectory."""
-        if self.momentum is None or any(b is None for b in self.momentum):
-            return None
-        return [b for b in self.momentum if b is not None]
+        return self.momentum
 
     def load(self, momentum: list[torch.Tensor] | None) -> None:
-        self.momentum = None if momentum is None else list(momentum)
+        self.momentum = momentum

@@ -62,11 +62,19 @@ class Rounds:
             # then its broadcast may still be crossing a slow link: closing at once (the
             # server stopping right behind) cut a lossy link's final round off mid-transfer
             # and left that agent reconnecting to nothing.
+            # Members that contributed but were down at the end may reconnect and fetch the
+            # final weights (admission sends them, marked final) within the same wait.
             deadline = time.monotonic() + fed.config.final_wait_s
-            while not fed.stopping and fed.sessions and time.monotonic() < deadline:
+            while not fed.stopping and self._owed() and time.monotonic() < deadline:
                 fed.cond.wait(timeout=0.05)
             for s in fed.sessions.values():
                 s.close()  # after the queued final messages
+
+    def _owed(self) -> bool:
+        """Someone may still need the final weights: a stream still open, or a member
+        that contributed and has not had them."""
+        fed = self.fed
+        return bool(fed.sessions) or bool(fed.contributors - fed.final_delivered)
 
     def stop(self) -> None:
         with self.fed.cond:
@@ -94,7 +102,7 @@ class Rounds:
     def _should_close(self) -> bool:
         fed = self.fed
         committed = fed.aggregate.committed
-        if committed == 0:
+        if committed < max(1, fed.config.quorum):  # a minimum, even when all have sent
             return False
         if all(key in fed.contributed for key in fed.sessions):
             return True
@@ -149,8 +157,8 @@ class Rounds:
 
     def _update(self, tensor: int, out: torch.Tensor) -> torch.Tensor:
         """Tensor ``tensor``'s update into ``out``: the outer optimizer's step on the
-        weighted mean of the contributions; its staged payloads are dropped as soon as the
-        mean is taken."""
+        weighted mean of the contributions; its staged payloads are dropped as soon as it
+        is taken."""
         fed = self.fed
         fed.aggregate.mean_into(tensor, out)
         fed.aggregate.release(tensor)
@@ -189,6 +197,8 @@ class Rounds:
         this round's broadcast."""
         fed = self.fed
         for s in sessions:
+            if final:  # who has the final weights (coordinator/admission.py)
+                fed.final_delivered.add(s.key)
             fed.links.boundary(s, fed.round + 1)
             streams = fed.links.streams_at_boundary(s)
             s.send(

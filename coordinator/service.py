@@ -127,6 +127,9 @@ class FederationServicer(pb_grpc.FederationServicer):
             return
         except grpc.RpcError:
             pass  # the call ended under us (client gone, cancelled)
+        except Exception as exc:  # noqa: BLE001 - a bug: this session ends, the coordinator serves on
+            self._failed(session, exc)
+            return
         self.federation.admission.leave(session)
         session.close()
 
@@ -143,8 +146,18 @@ class FederationServicer(pb_grpc.FederationServicer):
             self._refused(session, exc)
         except grpc.RpcError:
             pass  # this connection ended; the session goes on over the others
+        except Exception as exc:  # noqa: BLE001 - a bug: this session ends, the coordinator serves on
+            self._failed(session, exc)
         finally:
             lane.end()
+
+    def _failed(self, session: Session, exc: Exception) -> None:
+        """A bug met on one session's message: it ends with INTERNAL and one throttled
+        traceback; the reader never dies silently."""
+        if self._refusals.ready(f"bug:{session.key}"):
+            log.exception("[Federation.Session] agent=%s failed", session.key)
+        self.federation.admission.leave(session)
+        session.close(grpc.StatusCode.INTERNAL, f"the coordinator failed on a message: {exc!r}")
 
     def _refused(self, session: Session, exc: FederationError) -> None:
         if self._refusals.ready(session.key):  # one line per identity and interval
@@ -166,11 +179,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         elif isinstance(message, Heartbeat):
             fed.links.heartbeat(session, message)
             session.outbox.acked(message.received)
-            received = session.merge.received if session.merge is not None else 0
-            echo = Heartbeat(
-                sent_ns=time.monotonic_ns(), echo_ns=message.sent_ns, received=received
-            )
-            session.send(echo)
+            if message.sent_ns:  # an agent's echo of ours (sent_ns 0) gets no answer
+                now_ns = time.monotonic_ns()
+                fed.links.sent_heartbeat(session, now_ns)
+                received = session.merge.received if session.merge is not None else 0
+                session.send(Heartbeat(sent_ns=now_ns, echo_ns=message.sent_ns, received=received))
         else:
             raise ProtocolError("an empty or unknown message")
 

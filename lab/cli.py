@@ -55,7 +55,7 @@ mechanism_option = click.option(
     type=click.Choice(["auto", "netem", "tun"]),
     default="auto",
     show_default=True,
-    help="Shaper: tc netem where the kernel has it, else the userspace TUN forwarder.",
+    help="Shaper: tc netem where the kernel has it, else tbf + eBPF drop + a TUN delay line.",
 )
 profiles_option = click.option(
     "--profiles",

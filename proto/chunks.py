@@ -40,18 +40,26 @@ def cut(
 
 def cut_all(payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int) -> list[Chunk]:
     """Chunks for a whole transfer (contribution, aggregate, weights), numbered from 0."""
-    chunks: list[Chunk] = []
+    return list(cut_each(payloads, kind=kind, round=round, max_chunk_bytes=max_chunk_bytes))
+
+
+def cut_each(
+    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int
+) -> Iterator[Chunk]:
+    """:func:`cut_all`'s chunks one at a time, so each can be sent (and its copy of the
+    data dropped) before the next is cut; :func:`count_chunks` says how many come."""
+    seq = 0
     for payload in payloads:
-        chunks.extend(
-            cut(
-                payload,
-                kind=kind,
-                round=round,
-                first_seq=len(chunks),
-                max_chunk_bytes=max_chunk_bytes,
-            )
-        )
-    return chunks
+        for chunk in cut(
+            payload, kind=kind, round=round, first_seq=seq, max_chunk_bytes=max_chunk_bytes
+        ):
+            seq += 1
+            yield chunk
+
+
+def count_chunks(payloads: list[Payload], max_chunk_bytes: int) -> int:
+    """How many chunks :func:`cut_each` makes of ``payloads`` (an empty payload is one)."""
+    return sum(max(1, -(-len(p.data) // max_chunk_bytes)) for p in payloads)
 
 
 class Assembler:
@@ -78,7 +86,9 @@ class Assembler:
         self.max_payload_bytes = max_payload_bytes
         self.next_seq = 0
         self._open: Chunk | None = None
-        self._pieces: list[bytes] = []
+        # A payload of several chunks is copied into one buffer as its chunks come, each
+        # dropped at once: not all its pieces and then their join (two copies at once).
+        self._buffer = bytearray()
         self._size = 0
 
     def add(self, chunk: Chunk) -> Payload | None:
@@ -86,18 +96,25 @@ class Assembler:
         self._check_envelope(chunk)
         self._check_continuity(chunk)
         self.next_seq += 1
-        self._pieces.append(chunk.data)
-        self._size += len(chunk.data)
-        if self._size > self.max_payload_bytes[chunk.tensor]:
-            raise OversizedError(
-                f"payload for tensor {chunk.tensor} exceeds {self.max_payload_bytes[chunk.tensor]}"
-                " bytes"
-            )
+        end = self._size + len(chunk.data)
+        bound = self.max_payload_bytes[chunk.tensor]
+        if end > bound:
+            raise OversizedError(f"payload for tensor {chunk.tensor} exceeds {bound} bytes")
+        if chunk.parts == 1:  # the whole payload in one chunk: no copy
+            self._open, self._size = None, 0
+            return Payload(chunk.tensor, chunk.shard, chunk.codec, chunk.data)
+        if chunk.part == 0:  # sized by what it claims, within the payload's bound
+            self._buffer = bytearray(min(chunk.parts * self.max_chunk_bytes, bound))
+        if end > len(self._buffer):
+            self._buffer.extend(bytes(end - len(self._buffer)))
+        self._buffer[self._size : end] = chunk.data
+        self._size = end
         if chunk.part + 1 < chunk.parts:
             self._open = chunk
             return None
-        data = b"".join(self._pieces)
-        self._open, self._pieces, self._size = None, [], 0
+        data = self._buffer
+        del data[end:]
+        self._open, self._buffer, self._size = None, bytearray(), 0
         return Payload(chunk.tensor, chunk.shard, chunk.codec, data)
 
     @property

@@ -82,16 +82,29 @@ class RawAgent:
         self._out: queue.Queue = queue.Queue()
         self.inbox: queue.Queue = queue.Queue()
         self.call = pb_grpc.FederationStub(self.channel).Session(iter(self._out.get, None))
+        self.echo_delay_s: float | None = None
+        """Echo the coordinator's heartbeats after this long, as an agent does at once (the
+        coordinator's own round trip of the link, which bounds its claims); None: never."""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         try:
             for message in self.call:
+                self._echo(message)
                 self.inbox.put(message)
         except grpc.RpcError:
             pass
         self.inbox.put(None)
+
+    def _echo(self, message: pb.CoordinatorMessage) -> None:
+        beat = message.heartbeat if message.HasField("heartbeat") else None
+        if self.echo_delay_s is None or beat is None or not beat.echo_ns:
+            return
+        echo = pb.Heartbeat(echo_ns=beat.sent_ns)
+        timer = threading.Timer(self.echo_delay_s, lambda: self.send(heartbeat=echo))
+        timer.daemon = True
+        timer.start()
 
     def send(self, **body: object) -> None:
         self._out.put(pb.AgentMessage(**body))

@@ -162,3 +162,19 @@ def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_ba
     applied = zip(running.federation.weights, weights, deltas(1), deltas(2), strict=True)
     for got, w, d1, d2 in applied:
         torch.testing.assert_close(got, w - d1 - d2, rtol=0, atol=1e-6)
+
+
+def test_quorum_is_a_minimum_even_when_every_member_has_contributed(serve, raw_agent):
+    running = serve(min_agents=1, quorum=2, round_deadline_s=0.2)
+    aws = raw_agent(running.port, "aws-1")
+    join(aws, "aws", "aws-1")
+    send(aws, *contribution(deltas(1)))
+    assert aws.expect("receipt").receipt.accepted
+    time.sleep(1.0)  # the lone member has sent and the deadline is long past
+    assert running.federation.round == 0
+    gcp = raw_agent(running.port, "gcp-1")
+    join(gcp, "gcp", "gcp-1")
+    send(gcp, *contribution(deltas(2)))
+    assert (
+        gcp.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.contributors == 2
+    )

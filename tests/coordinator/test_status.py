@@ -15,6 +15,7 @@ def test_status_lists_agents_and_raw_link_windows_on_request(serve, raw_agent, p
     running = serve(monitor={"window_s": 0.1}, probe_port=-1)
     agent = raw_agent(running.port, "aws-1")
     join(agent, "aws", "aws-1")
+    agent.echo_delay_s = 0.05  # the coordinator sees a 50 ms link: a 42 ms claim stands
     for _ in range(8):
         agent.send(heartbeat=pb.Heartbeat(sent_ns=time.monotonic_ns(), rtt_ms=42.0))
         time.sleep(0.05)

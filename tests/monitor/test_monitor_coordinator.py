@@ -74,11 +74,14 @@ def beat(agents_rtts: dict, seconds: float, lost_per_beat: int = 0) -> None:
     """Every 20 ms from each agent, a probe reporting this round trip and a heartbeat with
     the probe's running counts (5 probes settled, ``lost_per_beat`` of them lost)."""
     settled, lost = 0, 0
+    for agent, rtt_ms in agents_rtts.items():
+        agent.echo_delay_s = rtt_ms / 1000  # what the coordinator sees of the link itself
     for _ in range(int(seconds / 0.02)):
         settled += 5
         lost += lost_per_beat
         for agent, rtt_ms in agents_rtts.items():
             agent.probes.report(rtt_ms)
+            agent.probes.seq += lost_per_beat  # the echo sees those probes' gaps
             hb = pb.Heartbeat(sent_ns=time.monotonic_ns(), probes_settled=settled, probes_lost=lost)
             agent.send(heartbeat=hb)
         time.sleep(0.02)
@@ -111,13 +114,16 @@ def test_each_link_gets_its_own_codec_and_every_switch_is_logged_and_counted(
     assert "loss_pct=0.00" in line and "goodput_mbit=" in line
 
 
-def test_round_trips_on_the_probe_reach_the_policy_with_no_heartbeat(serve, raw_agent):
-    """The path a stalled stream cannot delay: no heartbeat at all, only signed probes."""
+def test_round_trips_on_the_probe_reach_the_policy_with_no_stream_round_trip(serve, raw_agent):
+    """The path a stalled stream cannot delay: heartbeats claim nothing, signed probes
+    report the round trips (which the coordinator's own echoes of the link bear out)."""
     running = serve(min_agents=1, **ADAPTIVE)
     agent = raw_agent(running.port, "aws-1")
     join(agent, "aws", "aws-1")
+    agent.echo_delay_s = 0.3
     for _ in range(30):
         agent.probes.report(300.0)
+        agent.send(heartbeat=pb.Heartbeat(sent_ns=time.monotonic_ns()))
         time.sleep(0.02)
     send(agent, *contribution(deltas(1)))
     assert (
@@ -128,6 +134,7 @@ def test_round_trips_on_the_probe_reach_the_policy_with_no_heartbeat(serve, raw_
 def _stream_beats(agent, rtt_ms: float, seconds: float, probe_rtt_ms: float = 0.0) -> None:
     """Heartbeats whose own round trip is ``rtt_ms`` (a stream behind a transfer reads
     long), with a probe that settles probes and reports ``probe_rtt_ms`` (0: never)."""
+    agent.echo_delay_s = rtt_ms / 1000
     for i in range(int(seconds / 0.02)):
         if probe_rtt_ms:
             agent.probes.report(probe_rtt_ms)
@@ -236,3 +243,30 @@ def test_topk_warmup_goes_on_where_it_was_when_an_agent_reconnects(serve, raw_ag
     assert json.loads(join(again, "aws", "aws-1").codec_params)["density"] == 0.01
     late = raw_agent(running.port, "gcp-1")
     assert json.loads(join(late, "gcp", "gcp-1").codec_params)["density"] == 0.01
+
+
+def test_claimed_link_figures_the_coordinator_does_not_see_move_no_codec(serve, raw_agent):
+    """One agent claiming 400 ms and 50 % loss on loopback (its probes all arrive, its
+    echoes come at once): neither its link nor the shared downlink gets heavier."""
+    running = serve(min_agents=2, **ADAPTIVE)
+    liar, honest = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(liar, "aws", "aws-1"), join(honest, "gcp", "gcp-1")
+    liar.echo_delay_s = honest.echo_delay_s = 0.0
+    for i in range(40):
+        liar.probes.report(400.0)
+        honest.probes.report(1.0)
+        claim = pb.Heartbeat(
+            sent_ns=time.monotonic_ns(),
+            rtt_ms=400.0,
+            probes_settled=10 * (i + 1),
+            probes_lost=5 * (i + 1),
+        )
+        liar.send(heartbeat=claim)
+        honest.send(heartbeat=pb.Heartbeat(sent_ns=time.monotonic_ns(), probes_settled=5 * i))
+        time.sleep(0.02)
+    send(liar, *contribution(deltas(1)))
+    send(honest, *contribution(deltas(2)))
+    skip = ("heartbeat", "chunk", "receipt")
+    assert liar.expect("round_end", skip=skip).round_end.codec == "fp16"
+    assert honest.expect("round_end", skip=skip).round_end.codec == "fp16"
+    assert running.federation.history[-1].downlink_codec == "fp16"

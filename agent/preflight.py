@@ -1,0 +1,53 @@
+"""What ``agent start`` checks before it starts ranks or dials: each mistake one line.
+
+A key that does not match its certificate used to fail every TLS handshake and retry
+every 5 s forever; a missing ``--report`` directory crashed after round 0; a task that
+cannot be imported or a TP plan naming a module the model lacks was a traceback.
+"""
+
+from __future__ import annotations
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from skyfed.agent.config import AgentConfig
+from skyfed.agent.parallelize import check_plan
+from skyfed.tasks import load_task
+from skyfed.tasks.base import tp_plan_of
+
+
+def check(config: AgentConfig) -> None:
+    """Raise ValueError, naming the option and the fix, for the first mistake found."""
+    for option in ("ca", "cert", "key"):
+        path = getattr(config, option)
+        if not path.is_file():
+            hint = " (check --certs)" if config.certs is not None else ""
+            raise ValueError(f"--{option} {path} does not exist{hint}")
+    check_key_pair(config)
+    if config.report is not None and not config.report.parent.is_dir():
+        raise ValueError(
+            f"--report {config.report}: directory {config.report.parent} does not exist"
+        )
+    task = load_task(config.task)  # TaskLoadError (a ValueError) says what is missing
+    if config.tp > 1:
+        check_plan(task.build_model(config.seed), tp_plan_of(task))
+
+
+def check_key_pair(config: AgentConfig) -> None:
+    """The private key must be the certificate's: else every handshake fails."""
+    try:
+        cert = x509.load_pem_x509_certificate(config.cert.read_bytes())
+        key = serialization.load_pem_private_key(config.key.read_bytes(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--cert {config.cert} / --key {config.key}: unreadable ({exc})") from exc
+    ours = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    theirs = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    if ours != theirs:
+        raise ValueError(
+            f"--key {config.key} is not the private key of --cert {config.cert}: use the "
+            "pair `certs issue` wrote together"
+        )

@@ -1,0 +1,37 @@
+"""An agent's start-up mistakes are one line and exit code 2, at once (issue #22)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from skyfed.procs import command
+
+MISTAKES = {
+    "key-of-another-cert": (["--key", "{certs}/gcp-1.key"], "is not the private key"),
+    "report-dir": (["--report", "/nonexistent/dir/aws.json"], "--report"),
+    "task": (["--task", "no_such_module:make"], "cannot import 'no_such_module'"),
+    "tp-plan": (
+        ["--task", "tests.agent.bad_plan_task:make", "--tp", "2"],
+        "names module 'blocks.9.attn.q'",
+    ),
+    "log-level": (["--log-level", "verbose"], "--log-level"),
+    "certs-dir": (["--certs", "/nonexistent/certs"], "--ca /nonexistent/certs/ca.crt"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISTAKES))
+def test_agent_start_mistake_is_one_line_and_exit_code_2(pki, case):
+    args, words = MISTAKES[case]
+    args = [a.format(certs=pki.directory) for a in args]
+    argv = command("agent", "start", "--cloud", "aws", "--coordinator", "localhost:9", *args)
+    if "--certs" not in args:
+        argv += ["--certs", str(pki.directory)]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert words in done.stderr
+    assert time.monotonic() - started < 30  # at once, not after retrying
