@@ -4,6 +4,7 @@ side port, and a line per applied round for the person who started it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,9 @@ from skyfed.metrics.agent import AgentCollector
 from skyfed.metrics.http import MetricsServer
 
 POLL_S = 0.2
+# Between applied rounds, a line at most this often while the local phase goes on: a
+# phase of hundreds of steps takes minutes, silent otherwise (docs/outer-optimizer.md).
+PHASE_LINE_S = 30.0
 
 
 def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
@@ -45,10 +49,19 @@ def start_metrics(agent: Any, config: AgentConfig) -> MetricsServer | None:
 
 
 class RoundLines:
-    """Calls ``say`` with one line per round the agent applies, until :meth:`close`."""
+    """Calls ``say`` with one line per round the agent applies, and one every
+    ``phase_line_s`` while a long local phase goes on, until :meth:`close`."""
 
-    def __init__(self, agent: Any, config: AgentConfig, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        agent: Any,
+        config: AgentConfig,
+        say: Callable[[str], None],
+        phase_line_s: float = PHASE_LINE_S,
+    ) -> None:
         self._agent, self._config, self._say = agent, config, say
+        self._phase_line_s = phase_line_s
+        self._said_at = time.monotonic()
         self._seen = -1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="round-lines", daemon=True)
@@ -69,8 +82,10 @@ class RoundLines:
     def _tick(self) -> None:
         s = snapshot(self._agent, self._config)
         if s["rounds_applied"] == self._seen:
+            self._phase_line(s)
             return
         self._seen = s["rounds_applied"]
+        self._said_at = time.monotonic()
         if s["round"] < 0:
             return
         rounds = f" of {self._config.rounds}" if self._config.rounds else ""
@@ -78,4 +93,15 @@ class RoundLines:
             f"{s['name']}: round {s['round']}{rounds} applied · loss {s['loss']:.3f} · "
             f"codec {s['codec'].split(':', 1)[0]} · up {s['bytes_up'] / 1e6:.1f} MB · "
             f"down {s['bytes_down'] / 1e6:.1f} MB"
+        )
+
+    def _phase_line(self, s: dict[str, Any]) -> None:
+        """The local phase's progress, if nothing was said for ``phase_line_s``."""
+        trainer = self._agent.site.trainer
+        if time.monotonic() - self._said_at < self._phase_line_s or not trainer.local_step:
+            return
+        self._said_at = time.monotonic()
+        self._say(
+            f"{s['name']}: round {s['round'] + 1} · local step {trainer.local_step} of "
+            f"{trainer.local_steps}"
         )

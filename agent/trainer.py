@@ -83,6 +83,8 @@ class LocalTrainer:
         # The data order's seed: ``seed`` unless the site has its own (agent/launch.py).
         self.batches = task.batches(shard, num_shards, seed if data_seed is None else data_seed)
         self.local_steps = local_steps
+        self.local_step = 0
+        """Local steps done in the current phase (read by the progress line of a long one)."""
         # Gradient exchange (set_exchange): the step to send comes from here, not from the
         # task's optimizer.
         self.momentum: MomentumCorrection | None = None
@@ -98,12 +100,13 @@ class LocalTrainer:
         start = [local_tensor(p).detach().clone() for p in self.params]
         losses = []
         self.model.train()
-        for _ in range(self.local_steps):
+        for step in range(1, self.local_steps + 1):
             loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
             losses.append(float(loss.detach()))
+            self.local_step = step
         with torch.no_grad():
             delta = [
                 _restore(p, s, owned)

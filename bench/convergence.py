@@ -2,6 +2,7 @@
 
     python bench/convergence.py                          # default (~5 min on 2 cores)
     python bench/convergence.py --rounds 150 --seeds 0,1,2,3,4 --jobs 2   # the fair run
+    python bench/convergence.py --to-target --jobs 2     # bytes to a target loss (bench/targets.py)
     python bench/convergence.py --exchange gradient --sites 2 --rounds 170 --only "fp16,topk 1% +" \\
         --switch fp16:50,topk --switch topk:50,fp16                      # a policy's switches
 
@@ -57,6 +58,7 @@ from torch import nn
 from skyfed.agent.momentum import MomentumCorrection
 from skyfed.compression import Codec, ErrorFeedback, decode_payload, make_codec
 from skyfed.compression.policy import PolicyConfig
+from skyfed.coordinator.outer import OuterOptimizer
 from skyfed.tasks import load_task
 from skyfed.tasks.base import Task
 
@@ -150,29 +152,58 @@ class Diverged(Exception):
 
 
 class Exchange:
-    """One round trip of every tensor: N uplinks, the average, the downlink."""
+    """One round trip of every tensor: N uplinks, the average, the outer step, the downlink.
 
-    def __init__(self, sites: int, feedback: bool) -> None:
+    Counts the payload bytes it puts on the wire: every uplink, and the broadcast once per
+    receiving site (the coordinator sends each member its own copy)."""
+
+    def __init__(self, sites: int, feedback: bool, outer: OuterOptimizer | None = None) -> None:
         self.uplinks = [ErrorFeedback() for _ in range(sites)]
         self.downlink = ErrorFeedback()
         self.feedback = feedback
+        # The coordinator's outer step on the mean, before the downlink's codec (None: the
+        # mean as it is, federated averaging at rate 1).
+        self.outer = outer
+        self.bytes_up = 0  # payload bytes, all uplinks together
+        self.bytes_down = 0  # payload bytes, the broadcast times the sites receiving it
 
-    def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> Tensors:
-        """What the receiver decodes of ``tensors`` sent together (one contribution)."""
+    def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> tuple[Tensors, int]:
+        """What the receiver decodes of ``tensors`` sent together (one contribution), and
+        the payload bytes that took."""
         if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
             raise Diverged
         if not self.feedback:
-            return {k: decode_payload(codec.encode(g)) for k, g in tensors.items()}
-        return {k: decode_payload(p) for k, (p, _) in ef.encode_all(codec, tensors).items()}
+            payloads = {k: codec.encode(g) for k, g in tensors.items()}
+        else:
+            payloads = {k: p for k, (p, _) in ef.encode_all(codec, tensors).items()}
+        sent = sum(len(p) for p in payloads.values())
+        return {k: decode_payload(p, shape=tensors[k].shape) for k, p in payloads.items()}, sent
 
     def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
         return self.round_trip(codec, sent)[0]
 
     def round_trip(self, codec: Codec, sent: list[Tensors]) -> tuple[Tensors, list[Tensors]]:
         """The decoded broadcast, and what each uplink delivered."""
-        ups = [self.send(ef, codec, s) for ef, s in zip(self.uplinks, sent, strict=True)]
+        ups = []
+        for ef, tensors in zip(self.uplinks, sent, strict=True):
+            delivered, size = self.send(ef, codec, tensors)
+            ups.append(delivered)
+            self.bytes_up += size
         mean = {key: sum(u[key] for u in ups) / len(sent) for key in sent[0]}
-        return self.send(self.downlink, codec.for_downlink(len(sent)), mean), ups
+        if self.outer is not None:
+            mean = dict(zip(mean, self.outer.step(list(mean.values())), strict=True))
+        down, size = self.send(self.downlink, codec.for_downlink(len(sent)), mean)
+        self.bytes_down += size * len(sent)
+        return down, ups
+
+    def data_parallel_step(self, codec: Codec, sites: list[Site]) -> None:
+        """Every site's gradient exchanged and averaged, then one step of the (shared)
+        model's optimizer on the mean: data-parallel training over this exchange."""
+        mean = self.average(codec, [s.gradient() for s in sites])
+        params = dict(sites[0].model.named_parameters())
+        for name, g in mean.items():
+            params[name].grad = g
+        sites[0].optimizer.step()
 
 
 class Site:
@@ -253,10 +284,7 @@ def _train(label: str, seed: int, cfg: Config) -> float:
                 assert site.correction is not None
                 site.correction.mask(list(delivered.values()), codec)
         elif cfg.local_steps == 0:
-            mean = exchange.average(codec, [s.gradient() for s in sites])
-            for name, g in mean.items():
-                params[name].grad = g
-            sites[0].optimizer.step()
+            exchange.data_parallel_step(codec, sites)
             continue
         else:
             mean = exchange.average(codec, [s.delta(cfg.local_steps) for s in sites])
@@ -318,7 +346,26 @@ def main() -> None:
     parser.add_argument(
         "--outer-lr", type=float, default=1.0, help="delta exchange: w -= outer_lr * mean"
     )
+    parser.add_argument(
+        "--to-target",
+        action="store_true",
+        help="bytes to per-step FP32 data-parallel's held-out loss, every configuration "
+        "(bench/targets.py; --jobs applies, the other options do not)",
+    )
+    parser.add_argument("--quick", action="store_true", help="--to-target's small grid")
+    parser.add_argument(
+        "--tasks", default="chargpt,digits", help="--to-target's tasks, comma-separated"
+    )
     args = parser.parse_args()
+    if args.to_target or args.quick:
+        import targets
+
+        tasks = tuple(t for t in args.tasks.split(",") if t)
+        unknown = [t for t in tasks if t not in targets.TASKS]
+        if unknown or not tasks:
+            parser.error(f"--tasks {args.tasks!r}: choose from {', '.join(targets.TASKS)}")
+        targets.run(targets.QUICK if args.quick else targets.FULL, tasks, args.jobs)
+        return
     if args.overlap and args.exchange != "delta":
         parser.error("--overlap needs --exchange delta (the agent overlaps local steps)")
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps

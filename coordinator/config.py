@@ -45,7 +45,9 @@ class CoordinatorConfig:
     takes (with fewer members connected, until more join). With at least ``quorum``, a
     round closes when every member has contributed or once its deadline has passed."""
     round_deadline_s: float = 30.0
-    """Seconds after a round opens when a quorum is enough to close it."""
+    """Seconds after a round's first committed contribution when a quorum is enough to
+    close it: how long the fastest site waits for stragglers, whatever the local phase
+    lasts (a round of hundreds of local steps takes minutes)."""
     rounds: int = 0
     """Stop after this many rounds (0: run until stopped)."""
     outer_optimizer: str = "sgd"

@@ -1,7 +1,8 @@
 """The round lifecycle: open, close, broadcast; the driver loop; each round's figures.
 
 Round r opens; every live member may contribute once; the round closes when all live
-members have committed, or when a quorum has and the deadline has passed. Closing takes
+members have committed, or when a quorum has and the deadline (counted from the first
+committed contribution) has passed. Closing takes
 the weighted mean, applies the outer step and encodes the update once for every link
 (``coordinator/downlink.py``) tensor by tensor, each tensor's chunks queued for every
 agent as soon as it is encoded; the checkpoint is written while they travel, and each
@@ -42,6 +43,9 @@ class Rounds:
         self._first = True
         self._losses: list[float] = []
         self._train_s: list[float] = []
+        # monotonic s of the open round's first committed contribution: the deadline counts
+        # from it (None: nothing committed yet)
+        self._first_commit_at: float | None = None
 
     def run(self) -> None:
         """Drive rounds until the configured count or :meth:`stop`; meant for its own thread."""
@@ -81,6 +85,8 @@ class Rounds:
         """A contribution was committed: its loss and compute time count in the round's."""
         self._losses.append(loss)
         self._train_s.append(train_s)
+        if self._first_commit_at is None:
+            self._first_commit_at = time.monotonic()
 
     def maybe_open(self) -> None:
         """Round 0, and the first round after a restart, wait for ``min_agents``."""
@@ -100,7 +106,12 @@ class Rounds:
             return False
         if all(key in fed.contributed for key in fed.sessions):
             return True
-        late = time.monotonic() - fed.stats.opened_at >= fed.config.round_deadline_s
+        # The deadline bounds the wait for stragglers once the fastest site is done, not
+        # the local phase: counted from the round's opening, a local phase longer than it
+        # (DiLoCo's hundreds of steps) closed every round on the fastest site alone and
+        # threw the others' whole phase away (docs/outer-optimizer.md, long local phases).
+        first = fed.stats.opened_at if self._first_commit_at is None else self._first_commit_at
+        late = time.monotonic() - first >= fed.config.round_deadline_s
         return late and committed >= fed.config.quorum
 
     def close(self) -> None:
@@ -223,6 +234,7 @@ class Rounds:
         st.downlink_codec = codec_name
         fed.history.append(st)
         self._losses, self._train_s = [], []
+        self._first_commit_at = None
         log.info(
             "[Coordinator.Round] round=%d closed agents=%d loss=%.4f duration_s=%.3f down=%s",
             st.round,

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from skyfed.tasks.registry import TaskLoadError
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -225,3 +227,103 @@ class WideTask:
 def wide(**options: object) -> WideTask:
     """``--task 'skyfed.tasks.examples:wide?params=100M'``: a model of about 100M parameters."""
     return WideTask(WideTaskConfig(**options))  # type: ignore[arg-type]
+
+
+@dataclass(kw_only=True, slots=True)
+class DigitsTaskConfig:
+    """Sizes and the inner optimizer's settings of the handwritten-digits CNN."""
+
+    channels: int = 16
+    """Filters of the first convolution; the second has twice as many."""
+    batch: int = 32
+    """Images per batch."""
+    lr: float = 3e-3
+    """Learning rate of the local AdamW."""
+    held_out: float = 0.2
+    """Fraction of the 1797 images kept out of training, for ``eval_loss``."""
+
+    def __post_init__(self) -> None:
+        for name in ("channels", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DigitsTaskConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0 or not 0 < self.held_out < 1:
+            raise ValueError(f"DigitsTaskConfig lr={self.lr} held_out={self.held_out} out of range")
+
+
+class DigitsCNN(nn.Module):
+    """Two 3x3 convolutions with max-pooling, then a linear classifier: 8x8 -> 10."""
+
+    def __init__(self, cfg: DigitsTaskConfig) -> None:
+        super().__init__()
+        c = cfg.channels
+        self.conv1 = nn.Conv2d(1, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, 2 * c, 3, padding=1)
+        self.head = nn.Linear(2 * c * 2 * 2, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)  # (B, c, 4, 4)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # (B, 2c, 2, 2)
+        return self.head(x.flatten(1))  # (B, 10)
+
+
+class DigitsTask:
+    """Classify real handwritten digits (scikit-learn's bundled ``load_digits``: 1797 8x8
+    images from UCI, shipped inside the wheel, so no download): a second task on real data
+    whose model (a CNN) shares nothing with the embedded transformer, so a benchmark's
+    conclusion does not rest on one model. Shards are disjoint slices of a fixed shuffle of
+    the training images; the held-out images are the same on every site."""
+
+    name = "digits"
+
+    def __init__(self, cfg: DigitsTaskConfig | None = None) -> None:
+        self.cfg = cfg or DigitsTaskConfig()
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError:
+            raise TaskLoadError(
+                "task digits needs scikit-learn: pip install 'skyfed[tasks]'"
+            ) from None
+        images, labels = load_digits(return_X_y=True)
+        x = torch.tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0  # (N,1,8,8)
+        y = torch.tensor(labels, dtype=torch.long)  # (N,)
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1797))
+        cut = int(len(y) * (1 - self.cfg.held_out))
+        self.train = (x[order[:cut]], y[order[:cut]])
+        self.test = (x[order[cut:]], y[order[cut:]])
+
+    def build_model(self, seed: int = 0) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return DigitsCNN(self.cfg)
+
+    def batches(self, shard: int, num_shards: int, seed: int = 0) -> Iterator[Batch]:
+        if not 0 <= shard < num_shards:
+            raise ValueError(f"shard {shard} is outside 0..{num_shards - 1}")
+        size = len(self.train[1]) // num_shards
+        x, y = (t[shard * size : (shard + 1) * size] for t in self.train)
+        return self._draws(x, y, torch.Generator().manual_seed(seed * 1000 + shard))
+
+    def _draws(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> Iterator[Batch]:
+        while True:
+            pick = torch.randint(len(y), (self.cfg.batch,), generator=gen)
+            yield x[pick], y[pick]
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=0.0)
+
+    def batch_size(self) -> int:
+        return self.cfg.batch
+
+    @torch.no_grad()
+    def eval_loss(self, model: nn.Module) -> float:
+        """Cross-entropy over every held-out image (deterministic: no sampling)."""
+        return float(self.loss(model, self.test))
+
+
+def digits(**options: object) -> DigitsTask:
+    """``--task skyfed.tasks.examples:digits``: a CNN on scikit-learn's real digits."""
+    return DigitsTask(DigitsTaskConfig(**options))  # type: ignore[arg-type]

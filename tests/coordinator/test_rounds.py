@@ -35,6 +35,19 @@ def test_round_closes_at_the_deadline_once_a_quorum_reported(serve, raw_agent):
     assert time.monotonic() - started >= 0.4
 
 
+def test_deadline_counts_from_the_first_contribution_not_the_rounds_opening(serve, raw_agent):
+    """A local phase longer than the deadline (DiLoCo's hundreds of steps): the first
+    contribution must not close the round at once; stragglers get the deadline from it."""
+    running = serve(min_agents=2, quorum=1, round_deadline_s=0.5)
+    fast, slow = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(fast, "aws", "aws-1"), join(slow, "gcp", "gcp-1")
+    time.sleep(1.0)  # both train past the deadline
+    send(fast, *contribution(deltas(1)))
+    assert fast.expect("receipt").receipt.accepted
+    send(slow, *contribution(deltas(2)))
+    assert fast.expect("round_end").round_end.contributors == 2
+
+
 def test_round_waits_past_the_deadline_until_a_quorum_reported(serve, raw_agent):
     running = serve(min_agents=2, quorum=2, round_deadline_s=0.2)
     a, b = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")

@@ -1,0 +1,256 @@
+"""Bytes to a target loss: what each configuration puts on the wire, both ways, to reach
+the held-out loss that per-step FP32 data-parallel training reaches after S steps.
+
+    flock /tmp/skyfed-heavy.lock python bench/convergence.py --to-target --jobs 2   # ~20 min
+    python bench/convergence.py --to-target --quick                                  # ~30 s
+
+A codec's compression ratio is not what a user pays; bytes (and steps) to a loss are. The
+reference is data parallelism as all-reduce runs it: every step, every site's gradient
+goes up in FP32 and the mean comes back in FP32, and the task's optimizer steps on it
+(``Exchange.data_parallel_step``). Its held-out loss after S steps, seed by seed, is the
+target. Every configuration (local steps, outer optimizer, codec) then runs the
+federation's round (``convergence.Exchange``: each site's codec with its own error
+feedback, the mean, the coordinator's :class:`~skyfed.coordinator.outer.OuterOptimizer`,
+the downlink's codec with the coordinator's error feedback) until its held-out loss
+reaches the target, or the step cap. Each evaluation of the held-out loss is the mean
+over 10 fixed held-out batches (chargpt) or over all held-out images (digits), the same
+batches every time, so two evaluations differ only by the weights.
+
+The table gives, per configuration, the seeds that reached the target, the payload bytes
+up and down to it (the uplink of every site, the broadcast once per site), the ratio of
+the reference's bytes to those (per seed, then mean ± standard error), and the steps of
+local compute to the target as a multiple of S. The last line names the configuration
+with the largest ratio (the smaller over both tasks) among those that reached the target
+on every seed of every task within 1.5x the steps; if none did, the largest ratio at any
+step count, with its step multiple.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from convergence import Diverged, Exchange, Site
+
+from skyfed.compression import Codec, make_codec
+from skyfed.compression.policy import PolicyConfig
+from skyfed.coordinator.outer import OUTER_OPTIMIZERS, OuterOptimizer, OuterSettings
+from skyfed.tasks import load_task
+
+STEP_GOAL = 1.5  # the issue's bound: at most this many times the reference's steps
+# The tasks, sized so the full grid runs in ~20 minutes on 2 cores (docs/outer-optimizer.md).
+TASKS = {
+    "chargpt": "chargpt?d_model=32&block=32&batch=8&eval_batches=10",
+    "digits": "skyfed.tasks.examples:digits",
+}
+
+
+def _policy_codec(name: str, **policy: object) -> Callable[[], Codec]:
+    """The codec the coordinator's ``[policy]`` would build with these settings."""
+    params = PolicyConfig(**policy).codec_params(name)  # type: ignore[arg-type]
+    return lambda: make_codec(name, seed=0, **params)
+
+
+# label -> the codec, with the policy's parameters under the delta exchange
+CODECS: dict[str, Callable[[], Codec]] = {
+    "fp32": _policy_codec("fp32"),
+    "fp16": _policy_codec("fp16"),
+    "topk 5% int8": _policy_codec("topk"),
+    "topk 5% 2-bit": _policy_codec("topk", topk_bits=2),
+    "ecsgd 2-bit": _policy_codec("ecsgd"),
+}
+LOCAL_STEPS = (1, 4, 16, 64)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """One run of the grid: S, the cap and who takes part."""
+
+    steps: int  # S: the reference's steps, which set the target
+    cap: float  # a configuration stops after cap * S steps without reaching the target
+    sites: int
+    seeds: tuple[int, ...]
+    local_steps: tuple[int, ...] = LOCAL_STEPS
+    outers: tuple[str, ...] = OUTER_OPTIMIZERS
+    codecs: tuple[str, ...] = tuple(CODECS)
+
+    @property
+    def eval_every(self) -> int:
+        """Steps between evaluations when a round is shorter: 2 % of S."""
+        return max(1, self.steps // 50)
+
+
+FULL = Sizes(steps=256, cap=STEP_GOAL, sites=2, seeds=(0, 1, 2, 3, 4))
+QUICK = Sizes(
+    steps=16,
+    cap=1.5,
+    sites=2,
+    seeds=(0, 1),
+    local_steps=(4,),
+    codecs=("fp32", "topk 5% 2-bit"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    target: float  # held-out loss after S steps
+    bytes: int  # both ways, over the S steps
+
+
+@dataclass(frozen=True, slots=True)
+class Reached:
+    steps: int  # local steps of compute when the evaluation first met the target
+    bytes_up: int
+    bytes_down: int
+    reached: bool
+    loss: float  # the held-out loss at that evaluation (or at the cap)
+
+
+def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
+    """Per-step FP32 data-parallel training for S steps: the target and its bytes."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    task = load_task(TASKS[task_key])
+    model = task.build_model(seed)
+    sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
+    exchange = Exchange(sizes.sites, feedback=True)  # FP32 leaves no residual
+    fp32 = make_codec("fp32")
+    for _ in range(sizes.steps):
+        exchange.data_parallel_step(fp32, sites)
+    return Reference(task.eval_loss(model), exchange.bytes_up + exchange.bytes_down)
+
+
+def reach(
+    task_key: str, seed: int, sizes: Sizes, config: tuple[int, str, str], target: float
+) -> Reached:
+    """One configuration's rounds until its held-out loss is at most ``target``."""
+    local_steps, outer, codec_label = config
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    task = load_task(TASKS[task_key])
+    model = task.build_model(seed)
+    sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
+    settings = OuterSettings.resolve(outer, None, None)  # DiLoCo's 0.7/0.9 for nesterov
+    exchange = Exchange(sizes.sites, feedback=True, outer=OuterOptimizer(settings))
+    codec = CODECS[codec_label]()
+    params = dict(model.named_parameters())
+    steps, evaluated, loss = 0, 0, math.inf
+    cap = int(sizes.cap * sizes.steps)
+    while steps < cap:
+        try:
+            step = exchange.average(codec, [s.delta(local_steps) for s in sites])
+        except Diverged:
+            return Reached(steps, exchange.bytes_up, exchange.bytes_down, False, math.inf)
+        with torch.no_grad():
+            for name, u in step.items():
+                params[name].sub_(u)
+        steps += local_steps
+        if steps - evaluated >= sizes.eval_every or steps >= cap:
+            evaluated = steps
+            loss = task.eval_loss(model)
+            if loss <= target:
+                return Reached(steps, exchange.bytes_up, exchange.bytes_down, True, loss)
+    return Reached(steps, exchange.bytes_up, exchange.bytes_down, False, loss)
+
+
+def label(config: tuple[int, str, str]) -> str:
+    local_steps, outer, codec = config
+    return f"H={local_steps} {outer} {codec}"
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return mean, se
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """One configuration on one task, over its seeds."""
+
+    reached: int
+    seeds: int
+    ratio: tuple[float, float]  # reference bytes / bytes, mean ± se over reached seeds
+    steps: tuple[float, float]  # steps to target / S, likewise
+
+    @property
+    def everywhere(self) -> bool:
+        return self.reached == self.seeds
+
+
+def summarize(refs: list[Reference], runs: list[Reached], sizes: Sizes) -> tuple[Summary, str]:
+    """The configuration's summary and its table cells."""
+    done = [(ref, r) for ref, r in zip(refs, runs, strict=True) if r.reached]
+    if not done:
+        diverged = sum(not math.isfinite(r.loss) for r in runs)
+        note = f"diverged on {diverged}" if diverged else f"not within {sizes.cap:g}x S"
+        return Summary(0, len(runs), (0.0, 0.0), (math.inf, 0.0)), f"{0:>3}/{len(runs)}  {note}"
+    up = _mean_se([r.bytes_up / 1e6 for _, r in done])
+    down = _mean_se([r.bytes_down / 1e6 for _, r in done])
+    ratio = _mean_se([ref.bytes / (r.bytes_up + r.bytes_down) for ref, r in done])
+    steps = _mean_se([r.steps / sizes.steps for _, r in done])
+    cells = (
+        f"{len(done):>3}/{len(runs)}{up[0]:>10.3f} ±{up[1]:>7.3f}{down[0]:>10.3f} ±{down[1]:>7.3f}"
+        f"{ratio[0]:>10.1f}x ±{ratio[1]:>7.1f}{steps[0]:>7.2f}x ±{steps[1]:>5.2f}"
+    )
+    return Summary(len(done), len(runs), ratio, steps), cells
+
+
+def best(summaries: dict[tuple[int, str, str], list[Summary]]) -> str:
+    """The last line: the largest ratio (the worse task's) within the step goal, if any."""
+    everywhere = {c: s for c, s in summaries.items() if all(x.everywhere for x in s)}
+    if not everywhere:
+        return "best bytes-to-target ratio: none (no configuration reached the target everywhere)"
+    within = {c: s for c, s in everywhere.items() if all(x.steps[0] <= STEP_GOAL for x in s)}
+    pool = within or everywhere
+    config = max(pool, key=lambda c: min(x.ratio[0] for x in pool[c]))
+    ratio = min(x.ratio[0] for x in pool[config])
+    steps = max(x.steps[0] for x in pool[config])
+    return f"best bytes-to-target ratio: {ratio:.0f}x ({label(config)}) at {steps:.1f}x the steps"
+
+
+def run(sizes: Sizes, tasks: tuple[str, ...], jobs: int) -> None:
+    """The whole grid on every task, printed as it completes."""
+    configs = [
+        (h, outer, codec)
+        for h in sizes.local_steps
+        for outer in sizes.outers
+        for codec in sizes.codecs
+    ]
+    start = time.perf_counter()
+    summaries: dict[tuple[int, str, str], list[Summary]] = {c: [] for c in configs}
+    with ProcessPoolExecutor(jobs) as pool:
+        refs = {(t, s): pool.submit(reference, t, s, sizes) for t in tasks for s in sizes.seeds}
+        runs: dict[tuple[str, tuple[int, str, str], int], Future[Reached]] = {}
+        for t in tasks:
+            for c in configs:
+                for s in sizes.seeds:
+                    target = refs[t, s].result().target
+                    runs[t, c, s] = pool.submit(reach, t, s, sizes, c, target)
+        for t in tasks:
+            ref = [refs[t, s].result() for s in sizes.seeds]
+            target = _mean_se([r.target for r in ref])
+            print(
+                f"\n{t}: target held-out loss {target[0]:.4f} ± {target[1]:.4f} = per-step FP32 "
+                f"data-parallel after S={sizes.steps} steps, {sizes.sites} sites; its bytes to "
+                f"target {ref[0].bytes / 1e6:.3f} MB; cap {sizes.cap:g}x S; seeds {sizes.seeds}"
+            )
+            print(
+                f"{'configuration':<26}{'seeds':>7}{'up MB':>10}{'':>9}{'down MB':>10}{'':>9}"
+                f"{'vs FP32 DP':>11}{'':>9}{'steps/S':>8}"
+            )
+            for c in configs:
+                summary, cells = summarize(
+                    ref, [runs[t, c, s].result() for s in sizes.seeds], sizes
+                )
+                summaries[c].append(summary)
+                print(f"{label(c):<26}{cells}", flush=True)
+    print(f"\n{time.perf_counter() - start:.0f} s; mean ± standard error over seeds")
+    for t, i in zip(tasks, range(len(tasks)), strict=True):
+        print(f"{t}: " + best({c: [s[i]] for c, s in summaries.items()}))
+    print(best(summaries))

@@ -1,0 +1,54 @@
+"""``bench/convergence.py --to-target --quick``: the bytes-to-target table end to end."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "convergence.py"
+ROW = re.compile(r"^H=\d+ (sgd|nesterov) \S.*?\s+\d/2(\s|$)")
+RATIO_STEPS = re.compile(r"([\d.]+)x ±\s*[\d.]+\s+([\d.]+)x ±\s*[\d.]+$")
+LAST = re.compile(r"^best bytes-to-target ratio: \d+x \(H=\d+ \w+ .+\) at \d+\.\dx the steps$")
+
+
+def test_quick_to_target_prints_both_tasks_tables_and_the_best_ratio():
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--to-target", "--quick", "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    lines = out.strip().splitlines()
+    for task in ("chargpt", "digits"):
+        header = next(i for i, line in enumerate(lines) if line.startswith(f"{task}: target"))
+        assert "per-step FP32 data-parallel after S=16 steps" in lines[header]
+        assert lines[header + 1].split()[:2] == ["configuration", "seeds"]
+        rows = lines[header + 2 : header + 6]  # H=4 x (sgd, nesterov) x (fp32, topk 2-bit)
+        assert all(ROW.match(r) for r in rows), rows
+        assert [r.split()[1:3] for r in rows] == [
+            ["sgd", "fp32"],
+            ["sgd", "topk"],
+            ["nesterov", "fp32"],
+            ["nesterov", "topk"],
+        ]
+        # FP32 deltas send per round what data parallelism sends per step: four local
+        # steps per round send a quarter of its bytes per step, to a target within 1.5x S
+        ratio, steps = (float(x) for x in RATIO_STEPS.search(rows[0]).groups())
+        assert rows[0].split()[3] == "2/2" and ratio * steps == pytest.approx(4, rel=0.2)
+    assert LAST.match(lines[-1]), lines[-1]
+
+
+def test_unknown_task_is_a_one_line_usage_error():
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--to-target", "--tasks", "mnist"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--tasks 'mnist': choose from chargpt, digits" in done.stderr.splitlines()[-1]
