@@ -43,8 +43,8 @@ class StreamLimits:
     def open(self, session: Session, serial: int) -> Stream:
         """Register a new stream, or raise TooManyStreamsError (RESOURCE_EXHAUSTED).
 
-        Striped connections of one session are to be registered once, with the session's
-        stream (they are one logical session)."""
+        Only ``Session`` streams are registered: a striped session's further connections
+        (the ``Stripe`` RPC) join it by its token and count with it, once."""
         key = session.key
         with self._lock:
             streams = self._open.setdefault(key, [])

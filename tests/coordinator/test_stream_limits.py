@@ -9,11 +9,15 @@ import time
 import grpc
 
 from skyfed.coordinator.admin import fetch_status
+from skyfed.coordinator.streams import StreamsConfig
 from skyfed.proto import federation_pb2 as pb
 from tests.conftest import credentials
 from tests.coordinator.test_bad_input import join
+from tests.striping import test_striped_sessions as striped
 
 SESSION = "/skyfed.v1.Federation/Session"
+OPENED = "[Federation.Session] agent=spiffe://skyfed.local/cloud/aws/agent/aws-1 "
+"""Logged once a session stream of aws-1 is counted against its limit."""
 
 
 def test_stream_that_sends_no_hello_ends_with_deadline_exceeded(serve, raw_agent):
@@ -77,3 +81,30 @@ def test_unparseable_bytes_are_invalid_argument_with_one_log_line(serve, pki, ca
     assert "Traceback" not in caplog.text
     refusals = [r for r in caplog.records if "refused" in r.getMessage()]
     assert 1 <= len(refusals) <= 2, [r.getMessage() for r in refusals]
+
+
+def test_a_striped_sessions_connections_count_once_against_the_limit(serve, raw_agent, pki, caplog):
+    running = serve(
+        max_chunk_bytes=striped.CHUNK,
+        streams=StreamsConfig(min_streams=4, max_streams=4),
+        heartbeat_ms=100,
+        max_streams_per_identity=2,
+        hello_timeout_s=60,
+    )
+    link = striped.open_link(running.port, pki.directory, max_streams=4)
+    try:
+        striped.join(link, max_streams=4)
+        striped.wait_for_stripes(running, stripes=3)  # four connections of aws-1 now
+        striped.contribute(link, seed=1)
+        striped.assert_round_exact(running, link, seed=1)
+        with caplog.at_level(logging.INFO, logger="skyfed.coordinator.service"):
+            raw_agent(running.port, "aws-1")  # a reconnect's overlapping stream: the second
+            deadline = time.monotonic() + 10
+            while not any(OPENED in r.getMessage() for r in caplog.records):  # it is counted
+                assert time.monotonic() < deadline, "the second stream never opened"
+                time.sleep(0.02)
+        code, details = raw_agent(running.port, "aws-1").ended()
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "already holds 2 open streams" in details  # the striped session is one of them
+    finally:
+        link.close()
