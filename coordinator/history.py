@@ -5,11 +5,18 @@ A ``"kind": "round"`` line holds the round's figures and, under ``links``, each 
 codec, RTT, jitter, loss and the bytes (wire and fp32) its link carried since the
 previous round; a
 ``"kind": "eval"`` line holds a held-out evaluation, which finishes later than its round.
+
+A link's exchange in a round against its floor (``exchange_s``, ``floor_s``, ``ratio``,
+``limit``; docs/striping.md) is known only once its agent timed it, which its next
+contribution reports, after the round's line was written: the line is then written again
+with them, and the round's ``floor_s`` (its slowest link's). Readers take a round's
+latest line, as after a restart.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +27,11 @@ ROUNDS_FILE = "rounds.jsonl"
 LINK_FIELDS = ("codec", "state", "rtt_ms", "jitter_ms", "loss_pct", "goodput_mbit", "streams")
 # Session totals a line holds as their increase since the previous round, in bytes.
 COUNTERS = ("bytes_up", "bytes_down", "raw_bytes_up", "raw_bytes_down")
+EFFICIENCY_FIELDS = ("exchange_s", "floor_s", "ratio", "limit")
+"""What a link's line takes from its efficiency in the round (``RoundStats.links``)."""
+KEEP_LINES = 16
+"""Recent round lines kept to be written again when their links' timings arrive (one
+round late, so a few suffice)."""
 
 
 class RunHistory:
@@ -29,13 +41,31 @@ class RunHistory:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._totals: dict[tuple[str, str], int] = {}  # (agent, counter) -> last total seen
+        self._lines: dict[int, dict[str, Any]] = {}  # round -> its line as last written
         self._lock = threading.Lock()  # rounds come from the observer, evaluations from a worker
 
     def round(self, record: dict[str, Any], agents: list[dict[str, Any]]) -> dict[str, Any]:
-        """Append one closed round with the links' state as ``agents`` show it now."""
-        line = {"kind": "round", **record, "links": {a["name"]: self._link(a) for a in agents}}
+        """Append one closed round with the links' state as ``agents`` show it now, and
+        their efficiencies in it that are known (``record["links"]``)."""
+        timed = record.get("links", [])
+        links = {a["name"]: self._link(a) for a in agents}
+        line = _with_efficiency({"kind": "round", **record, "links": links}, timed)
+        with self._lock:
+            self._lines[int(record["round"])] = line
+            for old in sorted(self._lines)[:-KEEP_LINES]:
+                del self._lines[old]
         self._append(line)
         return line
+
+    def timed(self, round_: int, efficiencies: list[dict[str, Any]]) -> None:
+        """Write round ``round_``'s line again with its links' ``efficiencies`` (the
+        round's ``RoundStats.links`` as data), which arrived after it closed."""
+        with self._lock:
+            line = self._lines.get(round_)
+            if line is None:
+                return  # older than the lines kept: its first line stands
+            line = self._lines[round_] = _with_efficiency(line, efficiencies)
+        self._append(line)
 
     def eval(self, result: EvalResult, wall_s: float) -> None:
         self._append(
@@ -65,6 +95,21 @@ class RunHistory:
         text = json.dumps(line, default=str) + "\n"
         with self._lock, open(self.path, "a") as f:
             f.write(text)
+
+
+def _with_efficiency(line: dict[str, Any], efficiencies: list[dict[str, Any]]) -> dict[str, Any]:
+    """``line`` with each timed link's exchange, floor and ratio under its name, and the
+    round's floor: its slowest link's (the round waits for every link), in seconds."""
+    links = {name: dict(link) for name, link in line["links"].items()}
+    for e in efficiencies:
+        link = links.setdefault(e["name"], {})
+        link.update({k: e[k] for k in EFFICIENCY_FIELDS if k in e})
+    floors = [float(x["floor_s"]) for x in links.values() if "floor_s" in x]
+    floors = [f for f in floors if math.isfinite(f)]
+    line = {**line, "links": links}
+    if floors:
+        line["floor_s"] = max(floors)
+    return line
 
 
 def read(path: Path) -> list[dict[str, Any]]:

@@ -22,6 +22,14 @@ from skyfed.logs import Throttle
 log = logging.getLogger(__name__)
 
 
+def stripes_allowed(max_streams: int) -> int:
+    """Stripe connections one session may hold: its ``max_streams - 1`` lanes, each with
+    room for a redial that overlaps its dying connection (as ``max_streams_per_identity``
+    leaves room for a reconnect). Stripes do not count as streams of their own, so this
+    bound is what keeps one certificate from filling the server's RPC slots with them."""
+    return 2 * (max_streams - 1)
+
+
 @dataclass(eq=False, slots=True)
 class Stream:
     """One open call: its session, and the certificate serial it authenticated with."""
@@ -43,8 +51,8 @@ class StreamLimits:
     def open(self, session: Session, serial: int) -> Stream:
         """Register a new stream, or raise TooManyStreamsError (RESOURCE_EXHAUSTED).
 
-        Striped connections of one session are to be registered once, with the session's
-        stream (they are one logical session)."""
+        Only ``Session`` streams are registered: a striped session's further connections
+        (the ``Stripe`` RPC) join it by its token and count with it, once."""
         key = session.key
         with self._lock:
             streams = self._open.setdefault(key, [])

@@ -30,6 +30,10 @@ class Sink(Protocol):
 
     def round(self, record: dict[str, Any], agents: list[dict[str, Any]]) -> Any: ...
 
+    def timed(self, round_: int, efficiencies: list[dict[str, Any]]) -> None:
+        """Links' efficiencies in an already closed round (its agents time an exchange in
+        their next contribution), only those not handed over before."""
+
     def eval(self, result: EvalResult, wall_s: float) -> None: ...
 
     def close(self) -> None: ...
@@ -50,6 +54,7 @@ class Observer:
             self.sinks.append(TensorBoardSink(config.tensorboard))
         self.evaluator = Evaluator(load_task(config.task), config.eval_every, self._evaluated)
         self._last_round = -1
+        self._timed: dict[int, int] = {}  # round -> its RoundStats.links handed over so far
         self._waiting = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="observer", daemon=True)
@@ -79,11 +84,20 @@ class Observer:
         snap = self.snapshot()
         self._say_why_waiting(snap)
         for r in snap["rounds"]:
+            links = r.get("links", [])
             if r["round"] > self._last_round:
                 self._last_round = r["round"]
                 record = _record(r)
                 for sink in self.sinks:
                     sink.round(record, snap["agents"])
+            elif r["round"] in self._timed and len(links) > self._timed[r["round"]]:
+                for sink in self.sinks:
+                    sink.timed(r["round"], links[self._timed[r["round"]] :])
+            else:
+                continue
+            self._timed[r["round"]] = len(links)
+        kept = {r["round"] for r in snap["rounds"]}
+        self._timed = {k: n for k, n in self._timed.items() if k in kept}
         done = final or snap["finished"]
         if self._last_round >= 0 and self.evaluator.due(self._last_round, final=done):
             round_, weights = self._weights()

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import grpc
 
 from skyfed.coordinator.federation import Federation
-from skyfed.coordinator.limits import StreamLimits
+from skyfed.coordinator.limits import StreamLimits, stripes_allowed
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status_codes import status_code
-from skyfed.errors import FederationError, ProtocolError, RevokedError
+from skyfed.errors import FederationError, ProtocolError, RevokedError, TooManyStreamsError
 from skyfed.logs import Throttle
 from skyfed.netinfo import log_congestion_control, peer_host
 from skyfed.proto import federation_pb2 as pb
@@ -77,7 +77,8 @@ class FederationServicer(pb_grpc.FederationServicer):
     def Stripe(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
         """A further connection of a striped session: it joins with the welcome's token
         under the session's own identity, then carries chunks both ways. It counts as
-        the session's, not as a stream of its own, against ``max_streams_per_identity``."""
+        the session's, not as a stream of its own, against ``max_streams_per_identity``;
+        a session holds at most :func:`stripes_allowed` of them."""
         try:
             identity = self.auth.identify(context)
             data = next(request_iterator, None)
@@ -86,6 +87,12 @@ class FederationServicer(pb_grpc.FederationServicer):
                 raise ProtocolError("a stripe's first message must join a session (StripeJoin)")
             with self.federation.cond:
                 session = self.federation.admission.stripe(identity, first.stripe_join.token)
+                allowed = stripes_allowed(session.max_streams)
+                if session.stripes >= allowed:
+                    raise TooManyStreamsError(
+                        f"the session of {identity.uri} already holds {session.stripes} "
+                        f"stripes, the most its max_streams={session.max_streams} allows"
+                    )
                 session.stripes += 1
         except FederationError as exc:
             log.warning("[Federation.Stripe] refused peer=%s: %s", context.peer(), exc)

@@ -47,6 +47,10 @@ class TensorBoardSink:
                 self._writer.add_scalar(tag, float(value), step, walltime=None)
         self._writer.add_text("codec", ", ".join(f"{a['name']}={a['codec']}" for a in agents), step)
 
+    def timed(self, round_: int, efficiencies: list[dict[str, Any]]) -> None:
+        """The links' exchanges against their floors are in the run history and the
+        metrics (docs/operations.md); TensorBoard keeps to the series above."""
+
     def eval(self, result: EvalResult, wall_s: float) -> None:
         if math.isfinite(result.loss):
             self._writer.add_scalar("loss/eval", result.loss, result.round)

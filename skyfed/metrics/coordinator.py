@@ -2,8 +2,9 @@
 itself makes no metric calls.
 
 The snapshot is the status as plain data (``skyfed.coordinator.snapshot``: the fields of
-``coordinator/status.py`` by name) plus ``task``; an agent entry may also carry ``streams``
-and ``floor_ratio`` once the link reports them. A missing field leaves its metric without
+``coordinator/status.py`` by name) plus ``task``; an agent entry carries its session's
+``streams`` and, once its agent timed an exchange, its latest ``efficiency`` (exchange
+against the link's floor, docs/striping.md). A missing field leaves its metric without
 samples.
 """
 
@@ -137,12 +138,14 @@ def _link(out: Families, agent: Mapping[str, Any], counters: Monotone) -> None:
         out.add("skyfed_link_codec", float(each == base), name, each)
     switches = counters((name, "switches"), float(agent.get("codec_switches", 0)))
     out.add("skyfed_link_codec_switches_total", switches, name)
-    out.add("skyfed_link_streams", int(agent.get("streams", 1)), name)
+    if "streams" in agent:
+        out.add("skyfed_link_streams", int(agent["streams"]), name)
     out.add("skyfed_link_rtt_seconds", float(agent.get("rtt_ms", 0.0)) / 1e3, name)
     out.add("skyfed_link_jitter_seconds", float(agent.get("jitter_ms", 0.0)) / 1e3, name)
     out.add("skyfed_link_loss_ratio", float(agent.get("loss_pct", 0.0)) / 100, name)
     goodput = float(agent.get("goodput_mbit", 0.0)) * 1e6 / 8  # Mbit/s -> bytes/s
     out.add("skyfed_link_goodput_bytes_per_second", goodput, name)
-    if "floor_ratio" in agent:
-        out.add("skyfed_link_exchange_floor_ratio", float(agent["floor_ratio"]), name)
+    ratio = float((agent.get("efficiency") or {}).get("ratio", math.nan))
+    if math.isfinite(ratio):  # nan while the link's RTT or rate is unknown
+        out.add("skyfed_link_exchange_floor_ratio", ratio, name)
     out.add("skyfed_link_last_round", int(agent.get("last_round", -1)), name)

@@ -89,10 +89,15 @@ def _time_split(data: RunData) -> plt.Figure:
     width = 0.8 if len(rounds) < 80 else 1.0
     ax.bar(rounds, train, width, color=PALETTE[0], label="training (slowest contributor)")
     ax.bar(rounds, exchange, width, bottom=train, color=PALETTE[1], label="exchange")
-    floor = data.column("floor_s")
+    # The fastest each round could have been: its training, then its slowest link's
+    # exchange floor (one RTT and its bytes at the link's rate, docs/striping.md).
+    # A mark across each bar, where its top would be with no time lost on the links.
+    floor = [t + f for t, f in zip(train, data.column("floor_s"), strict=True)]
     if any(math.isfinite(f) for f in floor):
-        ax.step(rounds, floor, where="mid", color="black", ls="--", lw=1, label="exchange floor")
+        left, right = [r - width / 2 for r in rounds], [r + width / 2 for r in rounds]
+        ax.hlines(floor, left, right, color="black", lw=1.2, label="training + exchange floor")
     ax.set(xlabel="round", ylabel="seconds", title="Round time: training and exchange")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.2)  # headroom for the legend over the bars
     ax.legend(loc="upper right", ncol=3)
     fig.tight_layout()
     return fig

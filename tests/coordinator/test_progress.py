@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.history import RunHistory, read
+from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.progress import headline
+from skyfed.coordinator.server import build_federation
 from skyfed.coordinator.snapshot import waiting_for
+from skyfed.coordinator.status import RoundStats
 
 
 def snap(**fields) -> dict:
@@ -47,3 +53,46 @@ def test_history_lines_carry_per_round_link_bytes(tmp_path):
         f.write('{"kind": "round", "rou')  # a kill mid-write
     assert len(read(history.path)) == 4
     assert json.loads(history.path.read_text().splitlines()[0])["kind"] == "round"
+
+
+def efficiency(name: str, round_: int, floor_s: float, ratio: float) -> dict:
+    """A link's efficiency as status carries it (``Efficiency`` as data)."""
+    e = Efficiency(
+        round=round_, exchange_s=floor_s * ratio, floor_s=floor_s, ratio=ratio, rtt_ms=120.0,
+        rate_mbit=100.0, goodput_mbit=30.0, streams=4, limit="", cloud="aws", name=name,
+    )  # fmt: skip
+    return dataclasses.asdict(e)
+
+
+def test_a_rounds_line_is_written_again_with_its_links_exchange_floor_and_ratio(tmp_path):
+    history = RunHistory(tmp_path / "rounds.jsonl")
+    agents = [agent("aws-1", 100), agent("gcp-1", 100)]
+    early = [efficiency("aws-1", 0, floor_s=0.5, ratio=2.0)]  # timed before it closed
+    history.round({"round": 0, "links": early}, agents)
+    history.timed(0, [efficiency("gcp-1", 0, floor_s=1.25, ratio=4.0)])  # the next upload's
+    history.timed(7, [efficiency("gcp-1", 7, floor_s=1.0, ratio=1.0)])  # never written: none
+    first, again = read(history.path)
+    assert "floor_s" not in first["links"]["gcp-1"] and first["floor_s"] == 0.5
+    links = again["links"]
+    assert (links["aws-1"]["floor_s"], links["aws-1"]["ratio"]) == (0.5, 2.0)
+    assert (links["gcp-1"]["exchange_s"], links["gcp-1"]["ratio"]) == (5.0, 4.0)
+    assert links["gcp-1"]["bytes_up"] == 100  # the bytes of the first line, not counted again
+    assert again["floor_s"] == 1.25  # the round waits for its slowest link
+
+
+def test_the_observer_writes_a_round_again_when_its_links_are_timed(tmp_path, pki):
+    config = CoordinatorConfig(certs=pki.directory, run_dir=tmp_path, eval_every=0)
+    federation = build_federation(config)
+    observer = Observer(federation, config)
+    with federation.cond:
+        federation.history.append(RoundStats(round=0, duration_s=2.0, train_s=1.0))
+    observer.poll()
+    observer.poll()  # nothing new: nothing written
+    timed = Efficiency(**efficiency("aws-1", 0, floor_s=0.25, ratio=3.0))
+    with federation.cond:
+        federation.history[0].links.append(timed)  # as the agent's next contribution does
+    observer.poll()
+    observer.poll()
+    lines = read(tmp_path / "rounds.jsonl")
+    assert [(x["round"], x.get("floor_s")) for x in lines] == [(0, None), (0, 0.25)]
+    assert lines[1]["links"]["aws-1"]["ratio"] == 3.0

@@ -159,15 +159,27 @@ def test_prometheus_scrapes_rounds_links_and_agents(run):
     assert {s["metric"]["agent"] for s in codec} == {"aws-1", "gcp-1", "azure-1"}
     histogram = promql(url, "max(last_over_time(skyfed_round_duration_seconds_count[10m]))")
     assert float(histogram[0]["value"][1]) >= 1
+    ratio = promql(url, "last_over_time(skyfed_link_exchange_floor_ratio[10m])")
+    assert {s["metric"]["agent"] for s in ratio} == {"aws-1", "gcp-1", "azure-1"}
+    assert all(float(s["value"][1]) > 0 for s in ratio), ratio
+    streams = promql(url, "max_over_time(skyfed_link_streams[10m])")
+    assert {s["metric"]["agent"] for s in streams} == {"aws-1", "gcp-1", "azure-1"}
     agents = {f"127.0.0.1:{run['metrics'][c]}" for c in CLOUDS}
     assert {s["metric"]["instance"] for s in run["connected"]} <= agents
 
 
 def test_held_out_loss_is_recorded_and_scraped(run):
     lines = [json.loads(x) for x in (run["work"] / "run" / "rounds.jsonl").read_text().splitlines()]
-    rounds = [x for x in lines if x["kind"] == "round"]
+    latest = {x["round"]: x for x in lines if x["kind"] == "round"}  # a round's latest wins
+    rounds = [latest[k] for k in sorted(latest)]
     evals = [x for x in lines if x["kind"] == "eval"]
     assert [r["round"] for r in rounds] == list(range(ROUNDS))
+    # Each agent times a round's exchange in its next contribution: all rounds but the last.
+    for r in rounds[:-1]:
+        for name, link in r["links"].items():
+            assert link["exchange_s"] > 0 and "ratio" in link, (r["round"], name, link)
+    assert rounds[-2]["floor_s"] > 0, rounds[-2]  # the links' RTTs and rates are known by then
+    assert all(link["ratio"] > 0 for link in rounds[-2]["links"].values()), rounds[-2]
     assert {e["round"] for e in evals} >= {ROUNDS - 1}, evals  # the final weights
     assert all(0 < e["eval_loss"] < 10 for e in evals)
     assert set(rounds[-1]["links"]) == {"aws-1", "gcp-1", "azure-1"}

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from skyfed.coordinator import status as coordinator_status
+from skyfed.coordinator.efficiency import Efficiency
+from skyfed.coordinator.snapshot import to_data
 from skyfed.metrics.agent import AgentCollector
 from skyfed.metrics.coordinator import CoordinatorCollector
 
@@ -116,3 +121,33 @@ def test_agent_exporter_reads_its_snapshot():
     assert got[("skyfed_agent_rounds_total", ())] == 5
     assert got[("skyfed_agent_bytes_total", (("direction", "down"),))] == 9
     assert got[("skyfed_agent_codec", (("codec", "ecsgd"),))] == 1
+
+
+def test_link_streams_and_floor_ratio_come_from_the_status_of_a_striped_link():
+    def link(name: str, streams: int, efficiency: Efficiency | None):
+        return coordinator_status.AgentStatus(
+            cloud="aws", name=name, state="idle", last_round=3, codec="fp16", rtt_ms=120.0,
+            bytes_up=1, bytes_down=1, connected_s=5.0, codec_switches=0, refused=0,
+            loss_pct=0.5, jitter_ms=1.0, goodput_mbit=40.0, streams=streams,
+            efficiency=efficiency,
+        )  # fmt: skip
+
+    timed = Efficiency(
+        round=3, exchange_s=2.4, floor_s=0.8, ratio=3.0, rtt_ms=120.0, rate_mbit=100.0,
+        goodput_mbit=30.0, streams=4, limit="", cloud="aws", name="aws-1",
+    )  # fmt: skip
+    untimed_rate = replace(timed, ratio=float("nan"), name="az-1")
+    status = coordinator_status.Status(
+        round=4,
+        agents=[link("aws-1", 4, timed), link("gcp-1", 1, None), link("az-1", 2, untimed_rate)],
+        weights_digest="",
+        uptime_s=9.0,
+        rounds=[],
+        finished=False,
+        exchange="delta",
+    )
+    got = scrape(CoordinatorCollector(lambda: to_data(status)))
+    streams = {k[1][0][1]: v for k, v in got.items() if k[0] == "skyfed_link_streams"}
+    assert streams == {"aws-1": 4, "gcp-1": 1, "az-1": 2}
+    ratios = {k[1][0][1]: v for k, v in got.items() if k[0] == "skyfed_link_exchange_floor_ratio"}
+    assert ratios == {"aws-1": 3.0}  # no timed exchange, or no floor (nan): no sample

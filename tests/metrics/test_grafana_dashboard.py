@@ -40,7 +40,7 @@ def agent_exposition() -> str:
 def full_coordinator_exposition() -> str:
     """Every optional coordinator field filled, so every family has a sample."""
     agent = {"name": "aws-1", "state": "idle", "codec": "fp16", "bytes_up": 1, "bytes_down": 1}
-    agent.update(raw_bytes_up=2, raw_bytes_down=2, streams=2, floor_ratio=1.5)
+    agent.update(raw_bytes_up=2, raw_bytes_down=2, streams=2, efficiency={"ratio": 1.5})
     rnd = {"round": 0, "duration_s": 1.0, "train_s": 0.5, "contributors": 1, "mean_loss": 2.0}
     rnd.update(bytes_up=1, bytes_down=1, raw_bytes_up=2, raw_bytes_down=2)
     snap = {

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import subprocess
 import sys
 
+import matplotlib.pyplot as plt
+
+from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.history import RunHistory
-from skyfed.report import make_report
+from skyfed.report import make_report, plots
+from skyfed.report.data import load
+from skyfed.report.plots import STYLE
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def record_run(run_dir, rounds: int = 8) -> None:
+def record_run(run_dir, rounds: int = 8, timed: bool = False) -> None:
+    """``timed``: each round's links' exchanges against their floors arrive a round late,
+    as agents report them."""
     history = RunHistory(run_dir / "rounds.jsonl")
     totals = {"aws-1": 0, "gcp-1": 0}
     for r in range(rounds):
@@ -40,8 +49,43 @@ def record_run(run_dir, rounds: int = 8) -> None:
         record.update(contributors=2, mean_loss=4.0 - 0.3 * r, wall_s=2.0 + r)
         record.update(bytes_up=2000, bytes_down=2000, raw_bytes_up=4000, raw_bytes_down=4000)
         history.round(record, agents)
+        if timed and r > 0:
+            history.timed(r - 1, [timing(a["name"], r - 1) for a in agents])
         if r % 4 == 3:
             history.eval(EvalResult(r, 3.9 - 0.3 * r, 0.2), wall_s=2.5 + r)
+
+
+def timing(name: str, round_: int) -> dict:
+    """A link's efficiency in ``round_``, as status carries it: 0.3 s over a 0.1 s floor
+    (0.15 s on the far link from round 4, on topk)."""
+    floor_s = 0.15 if name == "gcp-1" and round_ >= 4 else 0.1
+    e = Efficiency(
+        round=round_, exchange_s=0.3, floor_s=floor_s, ratio=0.3 / floor_s, rtt_ms=140.0,
+        rate_mbit=100.0, goodput_mbit=10.0, streams=2, limit="", cloud="gcp", name=name,
+    )  # fmt: skip
+    return dataclasses.asdict(e)
+
+
+def test_the_round_time_figure_draws_the_floor_where_links_were_timed(tmp_path):
+    record_run(tmp_path, timed=True)
+    data = load(tmp_path)
+    assert data.column("floor_s")[:7] == [0.1] * 4 + [0.15] * 3  # the slowest link's
+    assert math.isnan(data.column("floor_s")[7])  # the last round is never timed
+    with plt.rc_context(STYLE):
+        drawn = plots._time_split(data)
+        untimed = tmp_path / "untimed"
+        untimed.mkdir()
+        record_run(untimed)
+        bare = plots._time_split(load(untimed))
+    labels = [t.get_text() for t in drawn.axes[0].get_legend().get_texts()]
+    assert "training + exchange floor" in labels
+    assert "training + exchange floor" not in [
+        t.get_text() for t in bare.axes[0].get_legend().get_texts()
+    ]
+    plt.close(drawn)
+    plt.close(bare)
+    make_report(tmp_path)
+    assert (tmp_path / "time.png").read_bytes()[:8] == PNG
 
 
 def test_report_writes_every_figure_and_links_them(tmp_path):
@@ -73,8 +117,6 @@ def test_a_restarted_coordinators_lines_replace_the_earlier_ones(tmp_path):
         line.update(exchange_s=8.0, contributors=1, mean_loss=1.0, wall_s=30.0, links={})
         line.update(bytes_up=1, bytes_down=1, raw_bytes_up=1, raw_bytes_down=1)
         f.write(json.dumps(line) + "\n")
-    from skyfed.report.data import load
-
     data = load(tmp_path)
     assert [r["round"] for r in data.rounds] == [0, 1, 2]
     assert data.rounds[-1]["duration_s"] == 9.0
