@@ -27,8 +27,8 @@ class StreamsConfig:
 
     max_streams: int = 16
     """Most TCP connections one agent's session may stripe its chunks over (1: never
-    stripe, every session is one plain stream). See ``docs/striping.md`` for the
-    measurements behind the default."""
+    stripe, every session is one plain stream). On the cross-region lab link 16 moved 3.5x
+    one stream's goodput and 32 no more than 16 (docs/striping.md)."""
     min_streams: int = 1
     """Fewest connections a striping session runs on, and where a new link starts
     (``min_streams = max_streams`` fixes N)."""
