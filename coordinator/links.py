@@ -25,6 +25,7 @@ from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
 from skyfed.coordinator.observed import Observed
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
 from skyfed.coordinator.streams import StreamsConfig, StreamsState
+from skyfed.netinfo import loss_cap_warning
 from skyfed.wire import ExchangeTiming, Heartbeat
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class LinkState:
         self.best_mbit = 0.0
         """The best goodput an upload on this link has shown: the floor's rate when the
         operator gave none."""
+        self.cc_warned = False
+        """Whether the loss-capped congestion control warning was logged (once a link)."""
         self.monitor = LinkMonitor(monitor, start_s=time.monotonic())
         self.state = PolicyState(policy.light)
         self.probe: ProbeKey | None = None
@@ -313,7 +316,23 @@ class Links:
             max_streams=self.streams_config.max_streams,
             mss_bytes=self.streams_config.mss_bytes,
         )
+        self.warn_if_loss_capped(session, rtt_ms, stats.loss_pct, rate_mbit or link.best_mbit)
         return replace(e, cloud=session.identity.cloud or "", name=session.identity.name)
+
+    def warn_if_loss_capped(
+        self, session: Session, rtt_ms: float, loss_pct: float, rate_mbit: float
+    ) -> None:
+        """Once a link: warn when its connection's congestion control is loss-based and the
+        measured loss caps one stream far below the measured rate (docs/wan.md)."""
+        link = self._links.get(session.key)
+        if link is None or link.cc_warned or session.cc is None:
+            return
+        if not (math.isfinite(rtt_ms) and math.isfinite(loss_pct)):
+            return
+        text = loss_cap_warning(session.cc, rtt_ms=rtt_ms, loss_pct=loss_pct, rate_mbit=rate_mbit)
+        if text is not None:
+            link.cc_warned = True
+            log.warning("[Coordinator.Link] agent=%s %s", session.key, text)
 
     def codec_params(self, session: Session, round_: int) -> str:
         """The link's codec parameters in ``round_`` as JSON, so the agent encodes exactly

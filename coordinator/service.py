@@ -57,7 +57,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             max_held_bytes=self._max_held_bytes(),
         )
         log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
-        log_congestion_control(peer_host(context.peer()), "coordinator")
+        session.cc = log_congestion_control(peer_host(context.peer()), "coordinator")
         context.add_callback(lambda: session.close(grpc.StatusCode.CANCELLED, "call ended"))
         reader = threading.Thread(
             target=self._read,

@@ -12,6 +12,7 @@ import grpc
 from skyfed.certs.identity import Identity
 from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.inbound import Inbound
+from skyfed.netinfo import CongestionControl
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
@@ -38,6 +39,8 @@ class Session:
     joined_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     inbound: Inbound | None = None
+    cc: CongestionControl | None = None
+    """The congestion control this session's connection gets (``skyfed/netinfo.py``)."""
     """The contribution being received (or refused and discarded), if any."""
     merge: Merge | None = None
     """Its incoming messages from every connection, delivered in order (the servicer's)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,26 @@ def test_a_grpc_peer_string_names_its_address() -> None:
     assert peer_host("ipv6:[::1]:7443") == "::1"
     assert peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
     assert congestion_control(None).source == "host"
+
+
+def test_a_links_loss_capped_cubic_is_warned_about_once(caplog):
+    from skyfed.certs.identity import Identity
+    from skyfed.compression.monitor import MonitorConfig
+    from skyfed.compression.policy import PolicyConfig
+    from skyfed.coordinator.links import Links
+    from skyfed.coordinator.session import Session
+
+    links = Links("fp16", PolicyConfig(), MonitorConfig(), [10])
+    session = Session(Identity.agent("skyfed.local", "aws", "aws-1"), "ipv4:127.0.0.1:1")
+    session.cc = CongestionControl(name="cubic", source="host")
+    links.open(session, 0)
+    caplog.set_level(logging.WARNING, logger="skyfed.coordinator.links")
+    for _ in range(3):
+        links.warn_if_loss_capped(session, rtt_ms=120.0, loss_pct=0.5, rate_mbit=100.0)
+    warned = [r.getMessage() for r in caplog.records if "give the hosts BBR" in r.getMessage()]
+    assert len(warned) == 1 and "aws-1" in warned[0]
+    bbr = Session(Identity.agent("skyfed.local", "gcp", "gcp-1"), "ipv4:127.0.0.1:2")
+    bbr.cc = CongestionControl(name="bbr", source="route")
+    links.open(bbr, 0)
+    links.warn_if_loss_capped(bbr, rtt_ms=120.0, loss_pct=0.5, rate_mbit=100.0)
+    assert not [r for r in caplog.records if "gcp-1" in r.getMessage()]
