@@ -11,9 +11,9 @@ import click
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.placement import LAUNCHERS
-from skyfed.cliflags import field_flags, show_defaults
+from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
 from skyfed.config import load_config
-from skyfed.logs import FORMATS, LOG_LEVELS, setup_logging
+from skyfed.logs import setup_logging
 
 
 @click.group()
@@ -59,29 +59,15 @@ def main() -> None:
 @click.option(
     "--report", type=click.Path(path_type=Path), help="JSON report, rewritten each round."
 )
-@click.option(
-    "--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz (plain HTTP; off)."
-)
-@click.option(
-    "--metrics-public",
-    is_flag=True,
-    default=None,
-    help="Allow --metrics-listen on a non-loopback address.",
-)
+@metrics_options
 @click.option("--no-progress", is_flag=True, help="No line per applied round.")
-@click.option("--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]")
+@log_options
 @field_flags(
     AgentConfig,
     {
         "seed": (int, "Seed of the initial weights (the coordinator's) and the data order."),
         "threads": (int, "torch intra-op threads for local training."),
     },
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default=None,
-    help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
 )
 def start(
     config_path: Path | None,

@@ -14,13 +14,13 @@ import click
 from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
-from skyfed.cliflags import field_flags, show_defaults
+from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
 from skyfed.config import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.outer import OUTER_OPTIMIZERS
 from skyfed.coordinator.progress import LiveView, WatchLoop
-from skyfed.logs import FORMATS, LOG_LEVELS, setup_logging
+from skyfed.logs import setup_logging
 from skyfed.tasks.registry import TaskLoadError
 from skyfed.wire import EXCHANGES
 
@@ -113,15 +113,7 @@ def main() -> None:
     help="Run directory: rounds.jsonl, status.json (see skyfed report).",
 )
 @click.option("--eval-every", type=int, help="Held-out evaluation every N rounds (0: off). [5]")
-@click.option(
-    "--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz (plain HTTP; off)."
-)
-@click.option(
-    "--metrics-public",
-    is_flag=True,
-    default=None,
-    help="Allow --metrics-listen on a non-loopback address.",
-)
+@metrics_options
 @click.option(
     "--export",
     type=click.Path(path_type=Path),
@@ -133,13 +125,7 @@ def main() -> None:
     help="TensorBoard log dir (the tensorboard extra).",
 )
 @click.option("--no-progress", is_flag=True, help="Plain log lines, no live view.")
-@click.option("--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]")
-@click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default=None,
-    help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
-)
+@log_options
 def serve(
     config_path: Path | None,
     log_level: str | None,

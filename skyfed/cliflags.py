@@ -28,6 +28,34 @@ def field_flags(cls: type, specs: dict[str, tuple[type, str]]) -> Callable[[Any]
     return decorate
 
 
+def log_options(command: Any) -> Any:
+    """``--log-format`` and ``--log-level``, alike on every command that serves."""
+    from skyfed.logs import FORMATS, LOG_LEVELS
+
+    command = click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default=None,
+        help="Log level (default INFO, or $SKYFED_LOG_LEVEL).",
+    )(command)
+    return click.option(
+        "--log-format", type=click.Choice(FORMATS), help="Log lines as text or JSON. [text]"
+    )(command)
+
+
+def metrics_options(command: Any) -> Any:
+    """``--metrics-listen`` and ``--metrics-public`` (docs/operations.md)."""
+    command = click.option(
+        "--metrics-public",
+        is_flag=True,
+        default=None,
+        help="Allow --metrics-listen on a non-loopback address.",
+    )(command)
+    return click.option(
+        "--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz (plain HTTP; off)."
+    )(command)
+
+
 def show_defaults(command: click.Command, cls: type) -> click.Command:
     """Append each config field's default to the help of the option that sets it (the
     options themselves default to None, so that TOML and environment values can win)."""
