@@ -47,6 +47,7 @@ import argparse
 import math
 import os
 import statistics
+import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -147,6 +148,14 @@ def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
     return lambda _: codec
 
 
+def framing_bytes(payload: bytes) -> int:
+    """The frame's header and codec parameters: ``magic | version | codec | flags | ndim |
+    shape u64 x ndim | params_len u32 | params`` (compression/frame.py), before the body."""
+    ndim = payload[7]
+    (params_len,) = struct.unpack_from("<I", payload, 8 + 8 * ndim)
+    return 8 + 8 * ndim + 4 + params_len
+
+
 class Diverged(Exception):
     """A site's update is no longer finite (codecs refuse such input)."""
 
@@ -166,10 +175,13 @@ class Exchange:
         self.outer = outer
         self.bytes_up = 0  # payload bytes, all uplinks together
         self.bytes_down = 0  # payload bytes, the broadcast times the sites receiving it
+        # Of those, the frames' headers and codec parameters (fixed per tensor, ~60 B for
+        # Top-k: what dominates a tiny model's sparse payloads), both ways.
+        self.bytes_framing = 0
 
-    def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> tuple[Tensors, int]:
-        """What the receiver decodes of ``tensors`` sent together (one contribution), and
-        the payload bytes that took."""
+    def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> tuple[Tensors, int, int]:
+        """What the receiver decodes of ``tensors`` sent together (one contribution), the
+        payload bytes that took, and how many of them were the frames' headers."""
         if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
             raise Diverged
         if not self.feedback:
@@ -177,7 +189,9 @@ class Exchange:
         else:
             payloads = {k: p for k, (p, _) in ef.encode_all(codec, tensors).items()}
         sent = sum(len(p) for p in payloads.values())
-        return {k: decode_payload(p, shape=tensors[k].shape) for k, p in payloads.items()}, sent
+        framing = sum(framing_bytes(p) for p in payloads.values())
+        decoded = {k: decode_payload(p, shape=tensors[k].shape) for k, p in payloads.items()}
+        return decoded, sent, framing
 
     def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
         return self.round_trip(codec, sent)[0]
@@ -186,14 +200,16 @@ class Exchange:
         """The decoded broadcast, and what each uplink delivered."""
         ups = []
         for ef, tensors in zip(self.uplinks, sent, strict=True):
-            delivered, size = self.send(ef, codec, tensors)
+            delivered, size, framing = self.send(ef, codec, tensors)
             ups.append(delivered)
             self.bytes_up += size
+            self.bytes_framing += framing
         mean = {key: sum(u[key] for u in ups) / len(sent) for key in sent[0]}
         if self.outer is not None:
             mean = dict(zip(mean, self.outer.step(list(mean.values())), strict=True))
-        down, size = self.send(self.downlink, codec.for_downlink(len(sent)), mean)
+        down, size, framing = self.send(self.downlink, codec.for_downlink(len(sent)), mean)
         self.bytes_down += size * len(sent)
+        self.bytes_framing += framing * len(sent)
         return down, ups
 
     def data_parallel_step(self, codec: Codec, sites: list[Site]) -> None:
@@ -320,15 +336,26 @@ def row(run: Run, losses: list[float], reference: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--rounds", "--steps", type=int, default=50, help="exchanges per codec and seed"
+        "--rounds",
+        "--steps",
+        type=int,
+        default=None,
+        help="exchanges per codec and seed (default 50); --to-target: S, the reference's "
+        "steps (default 256)",
     )
     parser.add_argument("--local-steps", type=int, default=4, help="AdamW steps per round")
     parser.add_argument(
         "--exchange", choices=("delta", "gradient", "gradient-adamw"), default="delta"
     )
     parser.add_argument("--sgd-lr", type=float, default=0.1, help="--exchange gradient's rate")
-    parser.add_argument("--sites", type=int, default=3, help="simulated agents")
-    parser.add_argument("--seeds", default="0,1", help="comma-separated; every codec runs each")
+    parser.add_argument(
+        "--sites", type=int, default=None, help="simulated agents (default 3; --to-target 2)"
+    )
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated; every codec runs each (default 0,1; --to-target 0,1,2,3,4)",
+    )
     parser.add_argument("--warmup", type=int, default=None, help="density warm-up rounds")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--only", default="", help="comma-separated label prefixes (and fp32)")
@@ -350,34 +377,47 @@ def main() -> None:
         "--to-target",
         action="store_true",
         help="bytes to per-step FP32 data-parallel's held-out loss, every configuration "
-        "(bench/targets.py; --jobs applies, the other options do not)",
+        "(bench/targets.py; --jobs, --steps, --sites, --seeds and the options below apply)",
     )
     parser.add_argument("--quick", action="store_true", help="--to-target's small grid")
     parser.add_argument(
         "--tasks", default="chargpt,digits", help="--to-target's tasks, comma-separated"
     )
+    parser.add_argument(
+        "--configs",
+        default="",
+        help="--to-target: these configurations instead of the grid, ';'-separated, e.g. "
+        '"H=16 sgd topk 1%% 2-bit; H=64 nesterov:lr=0.3,m=0.8 fp16"',
+    )
+    parser.add_argument(
+        "--cap",
+        type=float,
+        default=None,
+        help="--to-target: a configuration stops after this many times S (default 1.5)",
+    )
+    parser.add_argument(
+        "--task-options",
+        default="",
+        help="--to-target: added to every task's spec, e.g. \"lr=1e-3\" (the inner AdamW's)",
+    )
     args = parser.parse_args()
     if args.to_target or args.quick:
-        import targets
-
-        tasks = tuple(t for t in args.tasks.split(",") if t)
-        unknown = [t for t in tasks if t not in targets.TASKS]
-        if unknown or not tasks:
-            parser.error(f"--tasks {args.tasks!r}: choose from {', '.join(targets.TASKS)}")
-        targets.run(targets.QUICK if args.quick else targets.FULL, tasks, args.jobs)
+        to_target(parser, args)
         return
     if args.overlap and args.exchange != "delta":
         parser.error("--overlap needs --exchange delta (the agent overlaps local steps)")
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
-    warmup = args.warmup if args.warmup is not None else max(1, args.rounds // 5)
+    rounds = 50 if args.rounds is None else args.rounds
+    warmup = args.warmup if args.warmup is not None else max(1, rounds // 5)
     sgd_lr = args.sgd_lr if args.exchange == "gradient" else 0.0
-    cfg = Config(args.rounds, args.sites, local_steps, warmup, sgd_lr, args.outer_lr)
+    sites = 3 if args.sites is None else args.sites
+    cfg = Config(rounds, sites, local_steps, warmup, sgd_lr, args.outer_lr)
     for schedule in args.switch:
         try:
             switching(schedule, gradient=bool(sgd_lr))
         except ValueError as e:
             parser.error(f"--switch {schedule!r}: {e}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in (args.seeds or "0,1").split(",")]
     picks = [s.strip() for s in args.only.split(",") if s.strip()]
     selected = [
         r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
@@ -402,6 +442,39 @@ def main() -> None:
         for run in selected:
             print(row(run, [futures[run.label, s].result() for s in seeds], reference), flush=True)
     print(f"{time.perf_counter() - start:.0f} s")
+
+
+def to_target(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--to-target``: the grid (or ``--configs``) at the sizes the options give."""
+    import dataclasses
+
+    import targets
+
+    tasks = tuple(t for t in args.tasks.split(",") if t)
+    unknown = [t for t in tasks if t not in targets.TASKS]
+    if unknown or not tasks:
+        parser.error(f"--tasks {args.tasks!r}: choose from {', '.join(targets.TASKS)}")
+    try:
+        configs = tuple(targets.parse_config(c) for c in args.configs.split(";") if c.strip())
+    except ValueError as e:
+        parser.error(f"--configs: {e}")
+    sizes = targets.QUICK if args.quick else targets.FULL
+    changes: dict[str, object] = {"configs": configs, "task_options": args.task_options}
+    if args.rounds is not None:
+        changes["steps"] = args.rounds
+    if args.sites is not None:
+        changes["sites"] = args.sites
+    if args.cap is not None:
+        changes["cap"] = args.cap
+    if args.seeds is not None:
+        try:
+            changes["seeds"] = tuple(int(s) for s in args.seeds.split(","))
+        except ValueError:
+            parser.error(f"--seeds {args.seeds!r}: comma-separated integers")
+    sizes = dataclasses.replace(sizes, **changes)  # type: ignore[arg-type]
+    if sizes.steps < 1 or sizes.sites < 1 or not sizes.cap >= 1 or not sizes.seeds:
+        parser.error("--steps and --sites must be >= 1, --cap >= 1, and --seeds not empty")
+    targets.run(sizes, tasks, args.jobs)
 
 
 if __name__ == "__main__":

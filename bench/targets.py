@@ -28,6 +28,7 @@ step count, with its step multiple.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -65,6 +66,51 @@ CODECS: dict[str, Callable[[], Codec]] = {
     "ecsgd 2-bit": _policy_codec("ecsgd"),
 }
 LOCAL_STEPS = (1, 4, 16, 64)
+Config = tuple[int, str, str]  # (local steps, outer optimizer spec, codec label)
+_CODEC_LABEL = re.compile(r"topk (\d+(?:\.\d+)?)% (int8|[234]-bit)|ecsgd ([124])-bit")
+_CONFIG_LABEL = re.compile(r"H=(\d+) (\S+) (.+)")
+
+
+def codec_factory(label: str) -> Callable[[], Codec]:
+    """A codec label's factory: one of :data:`CODECS`, ``topk P% int8``, ``topk P% N-bit``
+    (N = 2, 3, 4) or ``ecsgd N-bit`` (N = 1, 2, 4), with the policy's other parameters."""
+    if label in CODECS:
+        return CODECS[label]
+    match = _CODEC_LABEL.fullmatch(label)
+    if match is None:
+        raise ValueError(
+            f"codec {label!r}: one of {', '.join(CODECS)}, 'topk P% int8', 'topk P% N-bit' "
+            "or 'ecsgd N-bit'"
+        )
+    density, width, ecsgd = match.groups()
+    if ecsgd:
+        return _policy_codec("ecsgd", ecsgd_bits=int(ecsgd))
+    bits = 8 if width == "int8" else int(width[0])
+    return _policy_codec("topk", topk_density=float(density) / 100, topk_bits=bits)
+
+
+def outer_settings(spec: str) -> OuterSettings:
+    """``sgd`` or ``nesterov``, optionally ``:lr=X,m=Y`` (unset: the optimizer's default,
+    DiLoCo's 0.7/0.9 for Nesterov, federated averaging for SGD)."""
+    kind, _, options = spec.partition(":")
+    values: dict[str, float] = {}
+    for part in filter(None, options.split(",")):
+        key, _, value = part.partition("=")
+        if key not in ("lr", "m"):
+            raise ValueError(f"outer {spec!r}: options are lr= and m=, not {key!r}")
+        values[key] = float(value)
+    return OuterSettings.resolve(kind, values.get("lr"), values.get("m"))
+
+
+def parse_config(text: str) -> Config:
+    """``"H=16 nesterov:lr=0.3,m=0.8 topk 1% 2-bit"`` -> ``(16, "nesterov:lr=0.3,m=0.8",
+    "topk 1% 2-bit")``; ValueError names what is wrong."""
+    match = _CONFIG_LABEL.fullmatch(text.strip())
+    if match is None or int(match[1]) < 1:
+        raise ValueError(f"configuration {text!r}: 'H=<local steps> <outer> <codec>'")
+    outer_settings(match[2])
+    codec_factory(match[3])
+    return int(match[1]), match[2], match[3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +124,26 @@ class Sizes:
     local_steps: tuple[int, ...] = LOCAL_STEPS
     outers: tuple[str, ...] = OUTER_OPTIMIZERS
     codecs: tuple[str, ...] = tuple(CODECS)
+    configs: tuple[Config, ...] = ()  # when given, these instead of the grid above
+    task_options: str = ""  # appended to every task's spec ("lr=1e-3": the inner AdamW's)
+
+    def grid(self) -> list[Config]:
+        """Every configuration this run measures, in the table's order."""
+        if self.configs:
+            return list(self.configs)
+        return [
+            (h, outer, codec)
+            for h in self.local_steps
+            for outer in self.outers
+            for codec in self.codecs
+        ]
+
+    def task(self, key: str) -> str:
+        """The task's spec, with :attr:`task_options` added to its own."""
+        spec = TASKS[key]
+        if not self.task_options:
+            return spec
+        return f"{spec}{'&' if '?' in spec else '?'}{self.task_options}"
 
     @property
     def eval_every(self) -> int:
@@ -100,6 +166,7 @@ QUICK = Sizes(
 class Reference:
     target: float  # held-out loss after S steps
     bytes: int  # both ways, over the S steps
+    framing: int  # of those, the frames' headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,35 +176,34 @@ class Reached:
     bytes_down: int
     reached: bool
     loss: float  # the held-out loss at that evaluation (or at the cap)
+    framing: int = 0  # of bytes_up + bytes_down, the frames' headers and codec parameters
 
 
 def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
     """Per-step FP32 data-parallel training for S steps: the target and its bytes."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(TASKS[task_key])
+    task = load_task(sizes.task(task_key))
     model = task.build_model(seed)
     sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
     exchange = Exchange(sizes.sites, feedback=True)  # FP32 leaves no residual
     fp32 = make_codec("fp32")
     for _ in range(sizes.steps):
         exchange.data_parallel_step(fp32, sites)
-    return Reference(task.eval_loss(model), exchange.bytes_up + exchange.bytes_down)
+    total = exchange.bytes_up + exchange.bytes_down
+    return Reference(task.eval_loss(model), total, exchange.bytes_framing)
 
 
-def reach(
-    task_key: str, seed: int, sizes: Sizes, config: tuple[int, str, str], target: float
-) -> Reached:
+def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float) -> Reached:
     """One configuration's rounds until its held-out loss is at most ``target``."""
     local_steps, outer, codec_label = config
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(TASKS[task_key])
+    task = load_task(sizes.task(task_key))
     model = task.build_model(seed)
     sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
-    settings = OuterSettings.resolve(outer, None, None)  # DiLoCo's 0.7/0.9 for nesterov
-    exchange = Exchange(sizes.sites, feedback=True, outer=OuterOptimizer(settings))
-    codec = CODECS[codec_label]()
+    exchange = Exchange(sizes.sites, feedback=True, outer=OuterOptimizer(outer_settings(outer)))
+    codec = codec_factory(codec_label)()
     params = dict(model.named_parameters())
     steps, evaluated, loss = 0, 0, math.inf
     cap = int(sizes.cap * sizes.steps)
@@ -145,7 +211,7 @@ def reach(
         try:
             step = exchange.average(codec, [s.delta(local_steps) for s in sites])
         except Diverged:
-            return Reached(steps, exchange.bytes_up, exchange.bytes_down, False, math.inf)
+            return _reached(exchange, steps, False, math.inf)
         with torch.no_grad():
             for name, u in step.items():
                 params[name].sub_(u)
@@ -154,11 +220,16 @@ def reach(
             evaluated = steps
             loss = task.eval_loss(model)
             if loss <= target:
-                return Reached(steps, exchange.bytes_up, exchange.bytes_down, True, loss)
-    return Reached(steps, exchange.bytes_up, exchange.bytes_down, False, loss)
+                return _reached(exchange, steps, True, loss)
+    return _reached(exchange, steps, False, loss)
 
 
-def label(config: tuple[int, str, str]) -> str:
+def _reached(exchange: Exchange, steps: int, reached: bool, loss: float) -> Reached:
+    up, down = exchange.bytes_up, exchange.bytes_down
+    return Reached(steps, up, down, reached, loss, exchange.bytes_framing)
+
+
+def label(config: Config) -> str:
     local_steps, outer, codec = config
     return f"H={local_steps} {outer} {codec}"
 
@@ -177,6 +248,7 @@ class Summary:
     seeds: int
     ratio: tuple[float, float]  # reference bytes / bytes, mean ± se over reached seeds
     steps: tuple[float, float]  # steps to target / S, likewise
+    unframed: float = 0.0  # the ratio's mean without either side's frame headers
 
     @property
     def everywhere(self) -> bool:
@@ -192,16 +264,21 @@ def summarize(refs: list[Reference], runs: list[Reached], sizes: Sizes) -> tuple
         return Summary(0, len(runs), (0.0, 0.0), (math.inf, 0.0)), f"{0:>3}/{len(runs)}  {note}"
     up = _mean_se([r.bytes_up / 1e6 for _, r in done])
     down = _mean_se([r.bytes_down / 1e6 for _, r in done])
+    framing = statistics.fmean(r.framing / (r.bytes_up + r.bytes_down) for _, r in done)
     ratio = _mean_se([ref.bytes / (r.bytes_up + r.bytes_down) for ref, r in done])
+    unframed = statistics.fmean(
+        (ref.bytes - ref.framing) / (r.bytes_up + r.bytes_down - r.framing) for ref, r in done
+    )
     steps = _mean_se([r.steps / sizes.steps for _, r in done])
     cells = (
         f"{len(done):>3}/{len(runs)}{up[0]:>10.3f} ±{up[1]:>7.3f}{down[0]:>10.3f} ±{down[1]:>7.3f}"
-        f"{ratio[0]:>10.1f}x ±{ratio[1]:>7.1f}{steps[0]:>7.2f}x ±{steps[1]:>5.2f}"
+        f"{framing:>7.0%}{unframed:>10.0f}x{ratio[0]:>10.1f}x ±{ratio[1]:>7.1f}"
+        f"{steps[0]:>7.2f}x ±{steps[1]:>5.2f}"
     )
-    return Summary(len(done), len(runs), ratio, steps), cells
+    return Summary(len(done), len(runs), ratio, steps, unframed), cells
 
 
-def best(summaries: dict[tuple[int, str, str], list[Summary]]) -> str:
+def best(summaries: dict[Config, list[Summary]]) -> str:
     """The last line: the largest ratio (the worse task's) within the step goal, if any."""
     everywhere = {c: s for c, s in summaries.items() if all(x.everywhere for x in s)}
     if not everywhere:
@@ -216,17 +293,12 @@ def best(summaries: dict[tuple[int, str, str], list[Summary]]) -> str:
 
 def run(sizes: Sizes, tasks: tuple[str, ...], jobs: int) -> None:
     """The whole grid on every task, printed as it completes."""
-    configs = [
-        (h, outer, codec)
-        for h in sizes.local_steps
-        for outer in sizes.outers
-        for codec in sizes.codecs
-    ]
+    configs = sizes.grid()
     start = time.perf_counter()
-    summaries: dict[tuple[int, str, str], list[Summary]] = {c: [] for c in configs}
+    summaries: dict[Config, list[Summary]] = {c: [] for c in configs}
     with ProcessPoolExecutor(jobs) as pool:
         refs = {(t, s): pool.submit(reference, t, s, sizes) for t in tasks for s in sizes.seeds}
-        runs: dict[tuple[str, tuple[int, str, str], int], Future[Reached]] = {}
+        runs: dict[tuple[str, Config, int], Future[Reached]] = {}
         for t in tasks:
             for c in configs:
                 for s in sizes.seeds:
@@ -239,17 +311,19 @@ def run(sizes: Sizes, tasks: tuple[str, ...], jobs: int) -> None:
                 f"\n{t}: target held-out loss {target[0]:.4f} ± {target[1]:.4f} = per-step FP32 "
                 f"data-parallel after S={sizes.steps} steps, {sizes.sites} sites; its bytes to "
                 f"target {ref[0].bytes / 1e6:.3f} MB; cap {sizes.cap:g}x S; seeds {sizes.seeds}"
+                + (f"; task options {sizes.task_options}" if sizes.task_options else "")
             )
+            width = max(26, *(len(label(c)) + 1 for c in configs))
             print(
-                f"{'configuration':<26}{'seeds':>7}{'up MB':>10}{'':>9}{'down MB':>10}{'':>9}"
-                f"{'vs FP32 DP':>11}{'':>9}{'steps/S':>8}"
+                f"{'configuration':<{width}}{'seeds':>7}{'up MB':>10}{'':>9}{'down MB':>10}{'':>9}"
+                f"{'frames':>7}{'unframed':>11}{'vs FP32 DP':>11}{'':>9}{'steps/S':>8}"
             )
             for c in configs:
                 summary, cells = summarize(
                     ref, [runs[t, c, s].result() for s in sizes.seeds], sizes
                 )
                 summaries[c].append(summary)
-                print(f"{label(c):<26}{cells}", flush=True)
+                print(f"{label(c):<{width}}{cells}", flush=True)
     print(f"\n{time.perf_counter() - start:.0f} s; mean ± standard error over seeds")
     for t, i in zip(tasks, range(len(tasks)), strict=True):
         print(f"{t}: " + best({c: [s[i]] for c, s in summaries.items()}))
