@@ -67,24 +67,26 @@ CODECS: dict[str, Callable[[], Codec]] = {
 }
 LOCAL_STEPS = (1, 4, 16, 64)
 Config = tuple[int, str, str]  # (local steps, outer optimizer spec, codec label)
-_CODEC_LABEL = re.compile(r"topk (\d+(?:\.\d+)?)% (int8|[234]-bit)|ecsgd ([124])-bit")
+_CODEC_LABEL = re.compile(r"topk (\d+(?:\.\d+)?)% (int8|[234]-bit)|ecsgd ([124])-bit(?: b(\d+))?")
 _CONFIG_LABEL = re.compile(r"H=(\d+) (\S+) (.+)")
 
 
 def codec_factory(label: str) -> Callable[[], Codec]:
     """A codec label's factory: one of :data:`CODECS`, ``topk P% int8``, ``topk P% N-bit``
-    (N = 2, 3, 4) or ``ecsgd N-bit`` (N = 1, 2, 4), with the policy's other parameters."""
+    (N = 2, 3, 4) or ``ecsgd N-bit`` (N = 1, 2, 4; ``ecsgd 2-bit b128``: blocks of 128),
+    with the policy's other parameters."""
     if label in CODECS:
         return CODECS[label]
     match = _CODEC_LABEL.fullmatch(label)
     if match is None:
         raise ValueError(
             f"codec {label!r}: one of {', '.join(CODECS)}, 'topk P% int8', 'topk P% N-bit' "
-            "or 'ecsgd N-bit'"
+            "or 'ecsgd N-bit [bB]'"
         )
-    density, width, ecsgd = match.groups()
+    density, width, ecsgd, block = match.groups()
     if ecsgd:
-        return _policy_codec("ecsgd", ecsgd_bits=int(ecsgd))
+        blocks = {"ecsgd_block": int(block)} if block else {}
+        return _policy_codec("ecsgd", ecsgd_bits=int(ecsgd), **blocks)
     bits = 8 if width == "int8" else int(width[0])
     return _policy_codec("topk", topk_density=float(density) / 100, topk_bits=bits)
 
@@ -260,7 +262,10 @@ def summarize(refs: list[Reference], runs: list[Reached], sizes: Sizes) -> tuple
     done = [(ref, r) for ref, r in zip(refs, runs, strict=True) if r.reached]
     if not done:
         diverged = sum(not math.isfinite(r.loss) for r in runs)
-        note = f"diverged on {diverged}" if diverged else f"not within {sizes.cap:g}x S"
+        finite = [r.loss for r in runs if math.isfinite(r.loss)]
+        # how far from the target it ended: the mean held-out loss at the cap
+        at_cap = f" (loss {statistics.fmean(finite):.4f} at the cap)" if finite else ""
+        note = f"diverged on {diverged}" if diverged else f"not within {sizes.cap:g}x S{at_cap}"
         return Summary(0, len(runs), (0.0, 0.0), (math.inf, 0.0)), f"{0:>3}/{len(runs)}  {note}"
     up = _mean_se([r.bytes_up / 1e6 for _, r in done])
     down = _mean_se([r.bytes_down / 1e6 for _, r in done])

@@ -106,6 +106,11 @@ class PolicyConfig:
     """Top-k: the density at round 0, and just after a switch to Top-k, when warming up."""
     ecsgd_bits: int = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
+    ecsgd_block: int | None = None
+    """EC-SGD: elements per block, each with its own float32 scale (unset: the codec's
+    1024). Every tensor is coded in whole blocks, so a tensor smaller than a block (a
+    bias, a norm) costs a whole one: smaller blocks waste less on a model of many small
+    tensors, at 32 / block bits of scale per element (docs/outer-optimizer.md)."""
     ecsgd_clip: float | None = None
     """EC-SGD at 2 and 4 bits: each block's half-range in RMS of the block, 0 for the
     block's peak (unset: the codec's least-squares default for its width, 1.5 or 2.5;
@@ -158,6 +163,9 @@ class PolicyConfig:
         require("policy", warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
         require("policy", 0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
         require("policy", self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
+        block = self.ecsgd_block
+        ok = block is None or (8 <= block <= 1 << 20 and block % 8 == 0)
+        require("policy", ok, "ecsgd_block", block, "a multiple of 8 in [8, 1048576]")
         clip = self.ecsgd_clip
         ok = clip is None or clip == 0 or 1 <= clip <= 1e3
         require("policy", ok, "ecsgd_clip", clip, "0 (the peak) or in [1, 1000]")
@@ -195,7 +203,8 @@ class PolicyConfig:
             return {"density": density, "values": self.topk_values, **bits}
         if name == "ecsgd":
             clip = {} if self.ecsgd_clip is None else {"clip": self.ecsgd_clip}
-            return {"bits": self.ecsgd_bits, **clip}
+            block = {} if self.ecsgd_block is None else {"block": self.ecsgd_block}
+            return {"bits": self.ecsgd_bits, **block, **clip}
         return {}
 
 
