@@ -338,10 +338,9 @@ def main() -> None:
     parser.add_argument(
         "--rounds",
         "--steps",
-        type=int,
         default=None,
         help="exchanges per codec and seed (default 50); --to-target: S, the reference's "
-        "steps (default 256)",
+        "steps (default 256), or per task, e.g. chargpt=4096,digits=1024",
     )
     parser.add_argument("--local-steps", type=int, default=4, help="AdamW steps per round")
     parser.add_argument(
@@ -407,7 +406,10 @@ def main() -> None:
     if args.overlap and args.exchange != "delta":
         parser.error("--overlap needs --exchange delta (the agent overlaps local steps)")
     local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
-    rounds = 50 if args.rounds is None else args.rounds
+    try:
+        rounds = 50 if args.rounds is None else int(args.rounds)
+    except ValueError:
+        parser.error(f"--rounds {args.rounds!r}: an integer")
     warmup = args.warmup if args.warmup is not None else max(1, rounds // 5)
     sgd_lr = args.sgd_lr if args.exchange == "gradient" else 0.0
     sites = 3 if args.sites is None else args.sites
@@ -460,8 +462,18 @@ def to_target(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error(f"--configs: {e}")
     sizes = targets.QUICK if args.quick else targets.FULL
     changes: dict[str, object] = {"configs": configs, "task_options": args.task_options}
-    if args.rounds is not None:
-        changes["steps"] = args.rounds
+    steps: dict[str, int] = {}
+    try:
+        for part in filter(None, (args.rounds or "").split(",")):
+            task, _, count = part.rpartition("=")
+            if task and task not in tasks:
+                raise ValueError(f"{task!r} is not among --tasks")
+            if task:
+                steps[task] = int(count)
+            else:
+                changes["steps"] = int(count)
+    except ValueError as e:
+        parser.error(f"--steps {args.rounds!r}: S, or task=S per task ({e})")
     if args.sites is not None:
         changes["sites"] = args.sites
     if args.cap is not None:
@@ -472,9 +484,9 @@ def to_target(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         except ValueError:
             parser.error(f"--seeds {args.seeds!r}: comma-separated integers")
     sizes = dataclasses.replace(sizes, **changes)  # type: ignore[arg-type]
-    if sizes.steps < 1 or sizes.sites < 1 or not sizes.cap >= 1 or not sizes.seeds:
+    if min(sizes.steps, sizes.sites, *steps.values()) < 1 or not sizes.cap >= 1 or not sizes.seeds:
         parser.error("--steps and --sites must be >= 1, --cap >= 1, and --seeds not empty")
-    targets.run(sizes, tasks, args.jobs)
+    targets.run(sizes, tasks, args.jobs, steps)
 
 
 if __name__ == "__main__":

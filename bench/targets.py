@@ -33,7 +33,7 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from convergence import Diverged, Exchange, Site
@@ -296,20 +296,25 @@ def best(summaries: dict[Config, list[Summary]]) -> str:
     return f"best bytes-to-target ratio: {ratio:.0f}x ({label(config)}) at {steps:.1f}x the steps"
 
 
-def run(sizes: Sizes, tasks: tuple[str, ...], jobs: int) -> None:
-    """The whole grid on every task, printed as it completes."""
+def run(
+    sizes: Sizes, tasks: tuple[str, ...], jobs: int, steps: dict[str, int] | None = None
+) -> None:
+    """The whole grid on every task, printed as it completes; ``steps`` gives a task its
+    own S (the others keep ``sizes.steps``)."""
     configs = sizes.grid()
     start = time.perf_counter()
     summaries: dict[Config, list[Summary]] = {c: [] for c in configs}
+    sized = {t: replace(sizes, steps=(steps or {}).get(t, sizes.steps)) for t in tasks}
     with ProcessPoolExecutor(jobs) as pool:
-        refs = {(t, s): pool.submit(reference, t, s, sizes) for t in tasks for s in sizes.seeds}
+        refs = {(t, s): pool.submit(reference, t, s, sized[t]) for t in tasks for s in sizes.seeds}
         runs: dict[tuple[str, Config, int], Future[Reached]] = {}
         for t in tasks:
             for c in configs:
                 for s in sizes.seeds:
                     target = refs[t, s].result().target
-                    runs[t, c, s] = pool.submit(reach, t, s, sizes, c, target)
+                    runs[t, c, s] = pool.submit(reach, t, s, sized[t], c, target)
         for t in tasks:
+            sizes = sized[t]
             ref = [refs[t, s].result() for s in sizes.seeds]
             target = _mean_se([r.target for r in ref])
             print(

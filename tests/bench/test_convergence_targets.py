@@ -52,3 +52,52 @@ def test_unknown_task_is_a_one_line_usage_error():
     )
     assert done.returncode == 2
     assert "--tasks 'mnist': choose from chargpt, digits" in done.stderr.splitlines()[-1]
+
+
+def test_configs_option_runs_only_the_named_configurations_at_the_given_sizes():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--to-target",
+            "--tasks",
+            "digits",
+            "--steps",
+            "4,digits=8",
+            "--seeds",
+            "0",
+            "--cap",
+            "2",
+            "--configs",
+            "H=4 sgd:lr=1.5 ecsgd 2-bit b128; H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    lines = out.strip().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("digits: target"))
+    assert "after S=8 steps" in lines[header] and "cap 2x S; seeds (0,)" in lines[header]
+    rows = [line.split("  ")[0] for line in lines[header + 2 : header + 4]]
+    assert rows == ["H=4 sgd:lr=1.5 ecsgd 2-bit b128", "H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit"]
+
+
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        ("H=4 sgd zip", "codec 'zip'"),
+        ("H=4 adam fp32", "outer_optimizer='adam'"),
+        ("H=4 nesterov:lr=0.3,beta=2 fp32", "options are lr= and m="),
+        ("sgd fp32", "'H=<local steps> <outer> <codec>'"),
+    ],
+)
+def test_a_bad_configuration_is_a_one_line_usage_error(configs, message):
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--to-target", "--configs", configs],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr.splitlines()[-1]

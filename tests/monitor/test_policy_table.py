@@ -120,6 +120,7 @@ def test_thresholds_and_codecs_are_configurable():
     assert settle(LinkStats(rtt_ms=20.0, loss_pct=0.0), _fast(config)) == "topk"
     assert config.codec_params("topk") == {"density": 0.05, "values": "int8"}  # delta's
     assert PolicyConfig(ecsgd_bits=4).codec_params("ecsgd") == {"bits": 4}
+    assert PolicyConfig(ecsgd_block=128).codec_params("ecsgd") == {"bits": 2, "block": 128}
     warm = PolicyConfig(topk_density=0.001, topk_warmup_rounds=3)
     assert [warm.codec_params("topk", t)["density"] for t in (0, 3, 9)] == pytest.approx(
         [0.25, 0.001, 0.001]
@@ -141,6 +142,7 @@ def _fast(config: PolicyConfig) -> PolicyConfig:
         ("high_loss_pct", 0.5),
         ("heavier_after_windows", 0),
         ("ecsgd_bits", 3),
+        ("ecsgd_block", 100),
     ],
 )
 def test_bad_policy_option_names_field_and_value(field, value):
