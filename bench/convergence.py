@@ -395,6 +395,12 @@ def main() -> None:
         help="--to-target: a configuration stops after this many times S (default 1.5)",
     )
     parser.add_argument(
+        "--payloads",
+        action="store_true",
+        help="--to-target: print one contribution's bytes per codec (up, down, framing) "
+        "instead of training",
+    )
+    parser.add_argument(
         "--task-options",
         default="",
         help="--to-target: added to every task's spec, e.g. \"lr=1e-3\" (the inner AdamW's)",
@@ -486,6 +492,9 @@ def to_target(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
     sizes = dataclasses.replace(sizes, **changes)  # type: ignore[arg-type]
     if min(sizes.steps, sizes.sites, *steps.values()) < 1 or not sizes.cap >= 1 or not sizes.seeds:
         parser.error("--steps and --sites must be >= 1, --cap >= 1, and --seeds not empty")
+    if args.payloads:
+        targets.payloads(sizes, tasks)
+        return
     targets.run(sizes, tasks, args.jobs, steps)
 
 

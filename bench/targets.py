@@ -30,15 +30,16 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
-from convergence import Diverged, Exchange, Site
+from convergence import Diverged, Exchange, Site, framing_bytes
 
-from skyfed.compression import Codec, make_codec
+from skyfed.compression import Codec, ErrorFeedback, frame, lowbit, make_codec
 from skyfed.compression.policy import PolicyConfig
 from skyfed.coordinator.outer import OUTER_OPTIMIZERS, OuterOptimizer, OuterSettings
 from skyfed.tasks import load_task
@@ -229,6 +230,57 @@ def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float)
 def _reached(exchange: Exchange, steps: int, reached: bool, loss: float) -> Reached:
     up, down = exchange.bytes_up, exchange.bytes_down
     return Reached(steps, up, down, reached, loss, exchange.bytes_framing)
+
+
+def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
+    """One contribution's bytes per codec of the grid, both ways, and the frames' share:
+    what bounds the ratio per round on a model of this many tensors. The delta is a
+    site's first round of 16 local steps (seed 0)."""
+    codecs = list(dict.fromkeys(codec for _, _, codec in sizes.grid()))
+    for t in tasks:
+        torch.manual_seed(0)
+        task = load_task(sizes.task(t))
+        model = task.build_model(0)
+        site = Site(task, model, 0, sizes.sites, 0, 0.0)
+        delta = site.delta(16)
+        raw = 4 * sum(v.numel() for v in delta.values())
+        small = sum(v.numel() for v in delta.values() if v.numel() < 1024)
+        print(
+            f"\n{t}: {raw // 4} parameters in {len(delta)} tensors ({small} in tensors under "
+            f"1024 elements); FP32 {raw} B per contribution"
+        )
+        print(
+            f"{'codec':<22}{'up B':>8}{'framing':>9}{'indices':>9}{'down B':>8}{'framing':>9}"
+            f"{'indices':>9}{'ratio':>8}"
+        )
+        for label_ in codecs:
+            codec = codec_factory(label_)()
+            cells = ""
+            total = 0
+            for each in (codec, codec.for_downlink(sizes.sites)):
+                sent = ErrorFeedback().encode_all(each, delta)
+                size = sum(len(p) for p, _ in sent.values())
+                framing = sum(framing_bytes(p) for p, _ in sent.values())
+                indices = sum(_index_bytes(p) for p, _ in sent.values())
+                cells += f"{size:>8}{framing:>9}{indices:>9}"
+                total += size
+            print(f"{label_:<22}{cells}{2 * raw / total:>7.1f}x")
+
+
+def _index_bytes(payload: bytes) -> int:
+    """A Top-k payload's index section (as sent: zstd'd when smaller); 0 for other codecs.
+    The body is the values section (``k`` INT8 bytes, or low-bit's scales and bit
+    planes, compression/lowbit.py) then the indices."""
+    f = frame.unpack(payload, max_body=len(payload) << 4)
+    if f.codec != make_codec("topk").wire_id:
+        return 0
+    value_kind, k = f.params[0], struct.unpack_from("<Q", f.params, 4)[0]
+    if value_kind == 2:  # low-bit: bits u8 | pad | block u32 after the 24 bytes
+        bits, block = struct.unpack_from("<BxxxI", f.params, 24)
+        values = lowbit.section_bytes(k, bits, block)
+    else:
+        values = k * (1 if value_kind == 0 else 2)
+    return len(payload) - framing_bytes(payload) - values
 
 
 def label(config: Config) -> str:
