@@ -101,3 +101,28 @@ def test_a_bad_configuration_is_a_one_line_usage_error(configs, message):
     )
     assert done.returncode == 2
     assert message in done.stderr.splitlines()[-1]
+
+
+def test_payloads_prints_each_codecs_bytes_with_its_framing_and_indices():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--to-target",
+            "--payloads",
+            "--tasks",
+            "digits",
+            "--configs",
+            "H=1 sgd fp32; H=1 sgd topk 1% 2-bit; H=1 sgd ecsgd 2-bit b128",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    rows = {line[:22].strip(): line[22:].split() for line in out.splitlines()[3:6]}
+    assert list(rows) == ["fp32", "topk 1% 2-bit", "ecsgd 2-bit b128"]
+    fp32, topk, ecsgd = rows.values()
+    assert fp32[2] == fp32[5] == "0" and fp32[-1] == "1.0x"  # dense: no indices
+    assert int(topk[2]) > 0 and int(topk[1]) < int(topk[0])  # indices and frames within
+    assert ecsgd[0] == ecsgd[3] and ecsgd[2] == "0"  # the same codec both ways, no indices
