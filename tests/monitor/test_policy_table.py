@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
+from skyfed.compression import decode_payload, make_codec
 from skyfed.compression.monitor import LinkStats
 from skyfed.compression.policy import (
     CodecProfile,
@@ -126,6 +128,15 @@ def test_thresholds_and_codecs_are_configurable():
         [0.25, 0.001, 0.001]
     )
     assert warm.codec_params("topk")["density"] == 0.001  # no round: after warm-up
+
+
+def test_ecsgd_block_shrinks_a_small_tensors_payload_and_still_decodes():
+    x = torch.randn(32)  # a bias: one block either way, 128 or 1024 elements long
+    small = make_codec("ecsgd", seed=0, **PolicyConfig(ecsgd_block=128).codec_params("ecsgd"))
+    default = make_codec("ecsgd", seed=0, **PolicyConfig().codec_params("ecsgd"))
+    assert len(default.encode(x)) - len(small.encode(x)) == (1024 - 128) * 2 // 8
+    decoded = decode_payload(small.encode(x), shape=(32,))
+    assert decoded.shape == (32,) and bool(torch.isfinite(decoded).all())
 
 
 def _fast(config: PolicyConfig) -> PolicyConfig:
