@@ -3,6 +3,9 @@ the held-out loss that per-step FP32 data-parallel training reaches after S step
 
     flock /tmp/skyfed-heavy.lock python bench/convergence.py --to-target --jobs 2   # ~20 min
     python bench/convergence.py --to-target --quick                                  # ~30 s
+    python bench/convergence.py --to-target --steps chargpt=4096,digits=1024 \
+        --configs "H=128 sgd ecsgd 2-bit b128; H=64 nesterov:lr=0.5,m=0.8 fp32"   # a subset
+    python bench/convergence.py --to-target --payloads   # one contribution's bytes per codec
 
 A codec's compression ratio is not what a user pays; bytes (and steps) to a loss are. The
 reference is data parallelism as all-reduce runs it: every step, every site's gradient
