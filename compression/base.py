@@ -88,6 +88,19 @@ class Codec(ABC):
         payload = self.encode(p, out=out)
         return payload, p - self.decode(payload, shape=tuple(p.shape))
 
+    def encode_into_residual(self, p: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:
+        """Error feedback where the caller has already summed ``p = g + e`` in its
+        residual's memory: encode ``p`` and leave ``e' = p - D(c)`` in ``p`` itself.
+
+        Payload and ``e'`` are bit for bit those of ``encode_with_feedback(p, None)``,
+        without its fresh ``e'`` (for a 64 MB tensor, fresh memory costs more than the
+        encode: docs/codecs-performance.md). ``p`` is a float32 tensor; codecs override
+        this where they can write ``e'`` in place.
+        """
+        payload, residual = self.encode_with_feedback(p, None, out=out)
+        p.copy_(residual.view(p.shape))
+        return payload
+
     def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
         """The codec for each of a set of tensors that travel together (one contribution,
         one broadcast). This codec for every one, unless the codec plans across them."""

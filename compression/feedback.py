@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from skyfed.compression.base import Codec
+from skyfed.compression.frame import PayloadBuffer
 
 
 def released(
@@ -44,6 +45,9 @@ class ErrorFeedback:
     """
 
     residuals: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffers: dict[str, PayloadBuffer] = field(default_factory=dict, repr=False, compare=False)
+    """Payload memory per key, reused round after round while no payload of it is still
+    held (:meth:`PayloadBuffer.renew_if_held`); not state: a checkpoint has none."""
 
     def encode(self, key: str, codec: Codec, g: torch.Tensor) -> tuple[bytes, torch.Tensor]:
         """Encode ``g`` plus the key's residual; return the payload and what it sends, ``D(c)``.
@@ -69,6 +73,15 @@ class ErrorFeedback:
             self.residuals[key] = residual if kept is None else residual + kept
             out[key] = (payload, p - residual)
         return out
+
+    def buffer(self, key: str) -> PayloadBuffer:
+        """The key's payload memory for its next encode: the last payload's, unless that
+        payload is still held somewhere (then new memory, so it stays unchanged)."""
+        buffer = self.buffers.get(key)
+        if buffer is None:
+            buffer = self.buffers[key] = PayloadBuffer()
+        buffer.renew_if_held()
+        return buffer
 
     def credit(self, key: str, x: torch.Tensor) -> None:
         """Add ``x`` to the key's residual: unsent work that goes out with a later payload."""

@@ -117,6 +117,17 @@ class TopK(Codec):
         e_flat[idx_k] = kept_k.sub_(sent_k)
         return payload, e_flat.view(g.shape)
 
+    def encode_into_residual(
+        self, p: torch.Tensor, out: frame.PayloadBuffer | None = None
+    ) -> bytes:
+        """``e' = p`` with the kept elements replaced by their rounding error, in ``p``."""
+        if p.dtype != torch.float32 or not p.is_contiguous():
+            return super().encode_into_residual(p, out)
+        flat = p.view(-1)
+        payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
+        flat[idx_k] = kept_k.sub_(sent_k)
+        return payload
+
     def _encode(
         self,
         flat: torch.Tensor,
