@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -180,6 +181,36 @@ class Scratch:
 
 
 SCRATCH = Scratch()
+
+
+_T = TypeVar("_T")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def spans(numel: int, block: int = BLOCK_NUMEL) -> list[tuple[int, int]]:
+    """``[lo, hi)`` spans of whole ``block``s covering ``numel`` elements, one per thread
+    torch computes with (``torch.get_num_threads()``), for :func:`in_parallel`."""
+    parts = max(1, min(torch.get_num_threads(), -(-numel // block)))
+    per = -(-numel // block // parts) * block if numel > block else numel
+    return [(lo, min(numel, lo + per)) for lo in range(0, numel, max(per, 1))][:parts] or [(0, 0)]
+
+
+def in_parallel(fn: Callable[[int, int], _T], span_list: list[tuple[int, int]]) -> list[_T]:
+    """``[fn(lo, hi) for (lo, hi) in span_list]``, the first on this thread and the rest on
+    a shared pool: for numpy work on large tensors, which releases the GIL but runs on one
+    core (torch's own kernels already split themselves; two Python threads each calling
+    them contend for torch's pool: docs/codecs-performance.md)."""
+    global _pool
+    if len(span_list) == 1:
+        return [fn(*span_list[0])]
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(len(span_list) - 1, thread_name_prefix="skyfed-codec")
+        pool = _pool
+    futures = [pool.submit(fn, lo, hi) for lo, hi in span_list[1:]]
+    first = fn(*span_list[0])
+    return [first, *(f.result() for f in futures)]
 
 
 def blocks(numel: int, block: int = BLOCK_NUMEL) -> range:

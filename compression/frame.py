@@ -76,7 +76,8 @@ class PayloadBuffer:
         """The first ``nbytes`` as a 1-D uint8 tensor; the memory is replaced only to grow,
         so a payload still held from before keeps the old memory alive and unchanged."""
         if self._memory_B.size < nbytes:
-            self._memory_B = np.empty(nbytes, dtype=np.uint8)
+            # 1/8 spare: a sparse codec's payload varies by a few % from round to round.
+            self._memory_B = np.empty(nbytes + nbytes // 8, dtype=np.uint8)
         return torch.from_numpy(self._memory_B[:nbytes])
 
     @property

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from skyfed.compression.base import Codec
-from skyfed.compression.feedback import ErrorFeedback
+from skyfed.compression.feedback import ErrorFeedback, release_share
 
 
 def encode_in_place(
@@ -66,10 +66,8 @@ def _bounded(feedback: ErrorFeedback, codec: Codec, key: str, g: torch.Tensor) -
     e = feedback.residuals.get(key)
     held = None
     if e is not None:
-        g_norm = float(torch.linalg.vector_norm(g))
-        e_norm = float(torch.linalg.vector_norm(e))
-        if e_norm > g_norm:
-            share = g_norm / e_norm
+        share = release_share(g, e)
+        if share is not None:
             held = e * (1.0 - share)
             e.mul_(share)
     payload, residual = codec.encode_with_feedback(g, e, out=feedback.buffer(key))
