@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -72,6 +73,28 @@ class Codec(ABC):
         """
         check_accumulator(acc)
         return acc.add_(self.decode(payload, shape=tuple(acc.shape)), alpha=alpha)
+
+    def check_squares(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> float:
+        """Check a payload as a receiver must before counting it (the frame against the
+        expected shape, as :meth:`decode` does, and every decoded value finite) and return
+        the decoded tensor's squared L2 norm (summed in float64).
+
+        ``out``/``shape`` as for :meth:`decode`; ``out`` is the scratch dense codecs decode
+        into. Raises :class:`PayloadError` for a payload that does not decode or holds
+        NaN or Inf. Top-k checks and sums its ``k`` values only (no dense tensor).
+        """
+        values = self.decode(payload, out, shape=shape)
+        if values.numel():
+            low, high = torch.aminmax(values)  # NaN propagates; Inf shows in one of them
+            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                raise PayloadError("payload holds NaN or Inf values")
+        return float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
 
     def encode_with_feedback(
         self,

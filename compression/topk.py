@@ -190,6 +190,19 @@ class TopK(Codec):
         base[offsets_k] = kept_k.add_(values_k, alpha=alpha)
         return acc
 
+    def check_squares(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> float:
+        """The ``k`` decoded values' squared norm: parsing already refuses non-finite
+        values, and the elements not sent are zeros (``out`` is not needed)."""
+        expected = expected_shape(out, shape)
+        _, _, values_k = self._parse(payload, expected)
+        return float(torch.linalg.vector_norm(values_k, dtype=torch.float64)) ** 2
+
     def _parse(
         self, payload: bytes, shape: tuple[int, ...] | None
     ) -> tuple[frame.Frame, torch.Tensor, torch.Tensor]:
