@@ -15,8 +15,10 @@ from skyfed.compression.base import (
     as_flat_f32,
     check_accumulator,
     expected_shape,
+    in_parallel,
     output_tensor,
     residual_memory,
+    spans,
     storage_index,
 )
 from skyfed.compression.fp import fp16_scale, readonly_tensor
@@ -178,7 +180,7 @@ class TopK(Codec):
         f, idx_k, values_k = self._parse(payload, expected_shape(out, shape))
         result = output_tensor(f.shape, out)
         flat = result.view(-1).zero_()
-        flat[idx_k] = values_k
+        _scatter(flat, idx_k, values_k)
         return result
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -186,8 +188,8 @@ class TopK(Codec):
         check_accumulator(acc)
         _, idx_k, values_k = self._parse(payload, tuple(acc.shape))
         base, offsets_k = storage_index(acc, idx_k)
-        kept_k = torch.index_select(base, 0, offsets_k)  # 1.5x faster than base[offsets_k]
-        base[offsets_k] = kept_k.add_(values_k, alpha=alpha)
+        kept_k = _gather(base, offsets_k)
+        _scatter(base, offsets_k, kept_k.add_(values_k, alpha=alpha))
         return acc
 
     def check_squares(
@@ -269,6 +271,32 @@ class TopK(Codec):
             f"TopK(density={self.density}, values={self.values!r}, "
             f"dense_below={self.dense_below}, bits={self.bits})"
         )
+
+
+# Kept elements per span below which a gather or scatter runs on one thread.
+_INDEX_SPAN = 1 << 16
+
+
+def _gather(base: torch.Tensor, idx_k: torch.Tensor) -> torch.Tensor:
+    """``base[idx_k]`` (1-D, indices in range), a span of the indices per core (numpy's
+    take drops the GIL; ``mode="clip"`` writes straight into the result, unbuffered)."""
+    base_np, idx = base.detach().numpy(), idx_k.numpy()
+    kept = np.empty(len(idx), dtype=base_np.dtype)
+    in_parallel(
+        lambda lo, hi: np.take(base_np, idx[lo:hi], out=kept[lo:hi], mode="clip"),
+        spans(len(idx), _INDEX_SPAN),
+    )
+    return torch.from_numpy(kept)
+
+
+def _scatter(base: torch.Tensor, idx_k: torch.Tensor, values_k: torch.Tensor) -> None:
+    """``base[idx_k] = values_k`` (1-D, distinct indices in range), a span per core."""
+    base_np, idx, values = base.detach().numpy(), idx_k.numpy(), values_k.numpy()
+
+    def span(lo: int, hi: int) -> None:
+        base_np[idx[lo:hi]] = values[lo:hi]
+
+    in_parallel(span, spans(len(idx), _INDEX_SPAN))
 
 
 def _dequantize(q_k: torch.Tensor, scale: np.float32) -> torch.Tensor:
