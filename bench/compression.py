@@ -266,7 +266,7 @@ def parse_size(text: str) -> int:
     return int(text.rstrip("KM")) * scale
 
 
-def save(lines: list[str], what: str) -> Path:
+def save(lines: list[str], what: str, sizes: str) -> Path:
     """The run as ``bench/results/YYYY-MM-DD-compression-<what>.md``: command, commit,
     date, host and output."""
     now = datetime.datetime.now(datetime.UTC)
@@ -276,9 +276,9 @@ def save(lines: list[str], what: str) -> Path:
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     path = RESULTS / f"{now:%Y-%m-%d}-compression-{what}.md"
     body = [
-        f"# Codecs at {what.upper()}: plain and as the federation runs them",
+        f"# Codecs at {sizes}: plain and as the federation runs them",
         "",
-        f"- command: `{' '.join(['python', *sys.argv])}`",
+        f"- command: `flock /tmp/skyfed-heavy.lock {' '.join(['python', *sys.argv])}`",
         f"- commit: `{commit}`",
         f"- date: {now:%Y-%m-%d %H:%M} UTC",
         f"- host: {os.cpu_count()} cores (`nproc`), {platform.processor() or platform.machine()}, "
@@ -396,7 +396,8 @@ def main() -> None:
         what = args.what or "-".join(
             [*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)]
         )
-        print(f"saved {save(lines, re.sub(r'[^a-z0-9.-]+', '', what.lower()))}")
+        name = re.sub(r"[^a-z0-9.-]+", "", what.lower())
+        print(f"saved {save(lines, name, ', '.join(size_text(s) for s in sizes))}")
 
 
 if __name__ == "__main__":
