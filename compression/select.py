@@ -57,7 +57,7 @@ class TopKSelector:
             threshold = _quantile(sample_M, rank)
             if threshold <= 0.0:
                 break
-            count = _threshold_pass(flat_N, pending_add, threshold, mask_N, parts)
+            count = threshold_pass(flat_N, pending_add, threshold, mask_N, parts)
             pending_add = None
             if k <= count <= k * (1 + OVERSHOOT):
                 return _nonzero(mask_N, parts)
@@ -91,7 +91,7 @@ def _quantile(sample_M: torch.Tensor, rank: int) -> float:
     return float(torch.kthvalue(sample_M, m - min(m, max(1, rank)) + 1).values)
 
 
-def _threshold_pass(
+def threshold_pass(
     flat_N: torch.Tensor,
     add_N: torch.Tensor | None,
     threshold: float,

@@ -10,6 +10,8 @@ import torch
 
 from skyfed.compression import frame, lowbit, packing
 from skyfed.compression.base import (
+    BLOCK_NUMEL,
+    SCRATCH,
     Codec,
     PayloadError,
     as_flat_f32,
@@ -22,7 +24,7 @@ from skyfed.compression.base import (
     storage_index,
 )
 from skyfed.compression.fp import fp16_scale, readonly_tensor
-from skyfed.compression.select import TopKSelector
+from skyfed.compression.select import TopKSelector, threshold_pass
 
 # The sparsest payload a decoder accepts: it never allocates more than this many dense
 # elements per kept element, so a tiny payload cannot claim a huge tensor.
@@ -246,7 +248,7 @@ class TopK(Codec):
         if not (math.isfinite(threshold) and threshold > 0.0):
             return plan
         for key, v in big.items():
-            count = int(torch.count_nonzero(v.detach().abs() >= threshold))
+            count = _count_at_or_above(v.detach(), threshold)
             density = min(1.0, max(count / v.numel(), MIN_DENSITY))
             plan[key] = self._with_density(density)
         return plan
@@ -271,6 +273,16 @@ class TopK(Codec):
             f"TopK(density={self.density}, values={self.values!r}, "
             f"dense_below={self.dense_below}, bits={self.bits})"
         )
+
+
+def _count_at_or_above(v: torch.Tensor, threshold: float) -> int:
+    """``#{|v| >= threshold}``: the selection's own pass (per-thread scratch, a span per
+    core) where ``v`` is contiguous float32, instead of two fresh tensors of its size."""
+    if v.dtype != torch.float32 or not v.is_contiguous() or v.numel() < BLOCK_NUMEL:
+        return int(torch.count_nonzero(v.abs() >= threshold))
+    flat = v.view(-1)
+    mask = SCRATCH.take("topk-mask", flat.numel(), torch.bool)
+    return threshold_pass(flat, None, threshold, mask, spans(flat.numel()))
 
 
 # Kept elements per span below which a gather or scatter runs on one thread.
