@@ -266,6 +266,21 @@ def parse_size(text: str) -> int:
     return int(text.rstrip("KM")) * scale
 
 
+def _lock_prefix() -> str:
+    """``flock LOCK `` when an ancestor process is the heavy-run lock's ``flock``, else ''."""
+    pid = os.getppid()
+    while pid > 1:
+        proc = Path(f"/proc/{pid}")
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            pid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return ""
+        if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
+            return f"flock {args[1].decode()} "
+    return ""
+
+
 def save(lines: list[str], what: str, sizes: str) -> Path:
     """The run as ``bench/results/YYYY-MM-DD-compression-<what>.md``: command, commit,
     date, host and output."""
@@ -278,7 +293,7 @@ def save(lines: list[str], what: str, sizes: str) -> Path:
     body = [
         f"# Codecs at {sizes}: plain and as the federation runs them",
         "",
-        f"- command: `flock /tmp/skyfed-heavy.lock {' '.join(['python', *sys.argv])}`",
+        f"- command: `{_lock_prefix()}{' '.join(['python', *sys.argv])}`",
         f"- commit: `{commit}`",
         f"- date: {now:%Y-%m-%d %H:%M} UTC",
         f"- host: {os.cpu_count()} cores (`nproc`), {platform.processor() or platform.machine()}, "
