@@ -118,7 +118,7 @@ class TopK(Codec):
             e_flat = g_flat.clone()
         else:  # p = e + g, summed in the residual's memory by the selection's first pass
             payload, idx_k, kept_k, sent_k = self._encode(e_flat, tuple(g.shape), out, g_flat)
-        _scatter(e_flat, idx_k, kept_k.sub_(sent_k))
+        e_flat[idx_k] = kept_k.sub_(sent_k)
         return payload, e_flat.view(g.shape)
 
     def encode_into_residual(
@@ -129,7 +129,7 @@ class TopK(Codec):
             return super().encode_into_residual(p, out)
         flat = p.view(-1)
         payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
-        _scatter(flat, idx_k, kept_k.sub_(sent_k))
+        flat[idx_k] = kept_k.sub_(sent_k)
         return payload
 
     def _encode(
@@ -142,7 +142,7 @@ class TopK(Codec):
         """The payload, the kept indices, the values kept there and the values the
         receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``)."""
         idx_k = _SELECTOR.select(flat, self.k_for(flat.numel()), add_N=add)
-        kept_k = _gather(flat, idx_k)
+        kept_k = flat[idx_k]
         value_bytes, scale, sent_k = self._quantize(kept_k)
         index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
         value_kind = _VALUE_KINDS.index(self.values) if self.bits == 8 else _LOWBIT_KIND
