@@ -10,34 +10,46 @@ busy host inflates both alike):
 
 - ``plain``: ``encode(x, out=buffer)`` and ``decode(payload, out=tensor)``, the reused
   buffers of a round loop;
-- ``fed``: as the federation runs them, through the API the coordinator and agents call
-  (docs/codecs-performance.md): ``encode_with_feedback(g, residual, out=buffer)`` on the
-  sending side (``p = g + e``, ``e'`` left in the residual's memory) and
-  ``decode_add(payload, acc)`` on the receiving side (the decoded payload added into the
-  round's sum in place).
+- ``fed``: as the federation runs them, through the functions the agents and the
+  coordinator call (docs/codecs-performance.md). Sending: ``encode_in_place`` of
+  ``skyfed/feedback_encode.py`` (the agents' uplink, the coordinator's downlink) with the
+  key's residual from the round before, error feedback, Top-k's plan and the payload's
+  memory all as the federation has them (the last round's payload acknowledged, so no
+  longer held). Receiving: ``decode_add_payload(payload, acc, alpha)``, the decoded
+  payload added into the round's sum in place (the coordinator's mean; an agent applying
+  the broadcast to its weights, ``alpha = -1``). ``plain``'s decode into a reused buffer
+  is the agents' other receiving path (loading weights, a rank's shard).
 
 Goals (issue #21) are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
 Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
+
+``--baseline REF`` runs the same measurement, in the same run, on the codecs of another
+commit (``git archive REF``, imported in a child process) and prints both side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
+import json
 import os
 import platform
 import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from skyfed.compression import Codec, make_codec
+from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, make_codec
 from skyfed.compression.frame import PayloadBuffer
+from skyfed.feedback_encode import encode_in_place
 
 CODECS: list[tuple[str, dict[str, object]]] = [
     ("fp32", {}),
@@ -64,8 +76,8 @@ class Row:
     ratio: float
     encode_ms: float  # encode(x, out=buffer)
     decode_ms: float  # decode(payload, out=tensor)
-    fed_encode_ms: float  # encode_with_feedback(g, residual, out=buffer)
-    fed_decode_ms: float  # decode_add(payload, acc)
+    fed_encode_ms: float  # encode_in_place(feedback, codec, [(key, g)]), a residual held
+    fed_decode_ms: float  # decode_add_payload(payload, acc, alpha)
     copy_ms: float
 
     @property
@@ -127,28 +139,36 @@ def measure(codec: Codec, text: str, numel: int, repeats: int) -> Row:
     gen = torch.Generator().manual_seed(0)
     g = torch.randn(numel, generator=gen)
     residual0 = torch.randn(numel, generator=gen) * 0.1
-    residual, dst, out, acc = (
-        residual0.clone(),
-        torch.empty(numel),
-        torch.empty(numel),
-        torch.zeros(numel),
-    )
-    buffer, fed_buffer = PayloadBuffer(), PayloadBuffer()
+    dst, out, acc = torch.empty(numel), torch.empty(numel), torch.zeros(numel)
+    buffer = PayloadBuffer()
     payload = bytes(codec.encode(g))
-    fed_payload = bytes(codec.encode_with_feedback(g, residual0.clone())[0])
+    # The federation's sender: one key's residual, carried from the round before.
+    feedback = ErrorFeedback()
+    feedback.residuals["w"] = residual0.clone()
+    fed_payload = bytes(_fed_encode(feedback, codec, g))
+
+    def reset() -> None:
+        feedback.residuals["w"].copy_(residual0)  # the same residual in every repeat
+
     copy_ms, enc, dec, fed_enc, fed_dec = best_side_by_side(
         [
             lambda: dst.copy_(g),
             lambda: codec.encode(g, out=buffer),
             lambda: codec.decode(payload, out=out),
-            lambda: codec.encode_with_feedback(g, residual, out=fed_buffer),
-            lambda: codec.decode_add(fed_payload, acc),
+            lambda: _fed_encode(feedback, codec, g),  # the payload is dropped: acknowledged
+            lambda: decode_add_payload(fed_payload, acc, 3.0),  # alpha: a sample count
         ],
         repeats,
-        reset=lambda: residual.copy_(residual0),
+        reset=reset,
     )
     ratio = 4 * numel / len(payload)
     return Row(text, numel, ratio, enc, dec, fed_enc, fed_dec, copy_ms)
+
+
+def _fed_encode(feedback: ErrorFeedback, codec: Codec, g: torch.Tensor) -> bytes:
+    """One key through the federation's sender (``encode_in_place``)."""
+    ((_, payload),) = encode_in_place(feedback, codec, [("w", g)])
+    return payload
 
 
 def run(sizes: list[int], repeats: int, only: str = "") -> list[Row]:
@@ -189,16 +209,17 @@ def memory(numel: int) -> list[str]:
     lines = [
         f"peak RSS growth over the tensor's float32 bytes at {size_text(numel)} "
         "(after a first call; scratch kept per thread is not counted again):",
-        f"{'codec':<24}{'decode + add_':>15}{'decode_add':>12}{'fed encode + payload':>22}",
+        f"{'codec':<24}{'decode + add_':>15}{'decode_add':>12}{'fed encode':>22}",
     ]
     for name, params in MEMORY_CODECS:
         codec = make_codec(name, **params)
-        g, residual, acc = torch.randn(numel), torch.randn(numel) * 0.1, torch.zeros(numel)
+        g, acc, feedback = torch.randn(numel), torch.zeros(numel), ErrorFeedback()
+        feedback.residuals["w"] = torch.randn(numel) * 0.1
         payload = bytes(codec.encode(g))
         steps = [
             lambda: acc.add_(codec.decode(payload, shape=(numel,))),  # noqa: B023
             lambda: codec.decode_add(payload, acc),  # noqa: B023
-            lambda: codec.encode_with_feedback(g, residual, out=PayloadBuffer()),  # noqa: B023
+            lambda: _fed_encode(feedback, codec, g),  # noqa: B023
         ]
         cells = []
         for step in steps:
@@ -245,7 +266,22 @@ def parse_size(text: str) -> int:
     return int(text.rstrip("KM")) * scale
 
 
-def save(lines: list[str], what: str) -> Path:
+def _lock_prefix() -> str:
+    """``flock LOCK `` when an ancestor process is the heavy-run lock's ``flock``, else ''."""
+    pid = os.getppid()
+    while pid > 1:
+        proc = Path(f"/proc/{pid}")
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            pid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return ""
+        if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
+            return f"flock {args[1].decode()} "
+    return ""
+
+
+def save(lines: list[str], what: str, sizes: str) -> Path:
     """The run as ``bench/results/YYYY-MM-DD-compression-<what>.md``: command, commit,
     date, host and output."""
     now = datetime.datetime.now(datetime.UTC)
@@ -255,9 +291,9 @@ def save(lines: list[str], what: str) -> Path:
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     path = RESULTS / f"{now:%Y-%m-%d}-compression-{what}.md"
     body = [
-        f"# Codecs at {what.upper()}: plain and as the federation runs them",
+        f"# Codecs at {sizes}: plain and as the federation runs them",
         "",
-        f"- command: `{' '.join(['python', *sys.argv])}`",
+        f"- command: `{_lock_prefix()}{' '.join(['python', *sys.argv])}`",
         f"- commit: `{commit}`",
         f"- date: {now:%Y-%m-%d %H:%M} UTC",
         f"- host: {os.cpu_count()} cores (`nproc`), {platform.processor() or platform.machine()}, "
@@ -279,21 +315,104 @@ def save(lines: list[str], what: str) -> Path:
     return path
 
 
+# Run in a child process: import skyfed from the checkout at argv[1] (as the editable
+# install maps it: skyfed/ and the top-level package folders), then run this bench.
+_BOOT = """
+import importlib.machinery, importlib.util, pathlib, runpy, sys
+root = pathlib.Path(sys.argv[1])
+class Checkout:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        parts = name.split(".")
+        if parts[0] != "skyfed" or len(parts) > 2:
+            return None
+        if len(parts) == 1:
+            where = root / "skyfed"
+        elif (root / parts[1] / "__init__.py").exists() and not (root / "skyfed" / parts[1]).exists():
+            where = root / parts[1]
+        else:
+            return importlib.machinery.PathFinder.find_spec(name, [str(root / "skyfed")])
+        return importlib.util.spec_from_file_location(
+            name, where / "__init__.py", submodule_search_locations=[str(where)])
+sys.meta_path.insert(0, Checkout)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def baseline(ref: str, sizes: list[int], repeats: int, only: str) -> list[Row]:
+    """The same rows measured on the codecs of commit ``ref`` (a child process)."""
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "archive", ref], cwd=root, capture_output=True, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        sizes_text = ",".join(size_text(s) for s in sizes)
+        args = ["--sizes", sizes_text, "--repeats", str(repeats), "--only", only, "--rows"]
+        child = subprocess.run(
+            [sys.executable, "-c", _BOOT, tmp, __file__, *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return [Row(**r) for r in json.loads(child.stdout)]
+
+
+def side_by_side(rows: list[Row], before: list[Row], ref: str) -> list[str]:
+    """Each row's fed and plain multiples of a copy, before (``ref``) and now."""
+    was = {(r.label, r.numel): r for r in before}
+    lines = [
+        f"before = the codecs of {ref}, measured in this run; now = this checkout",
+        f"{'codec':<24}{'size':>5}{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}"
+        f"{'plain/copy':>11}  |{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}{'plain/copy':>11}",
+        f"{'':<29}{'before':>39}  |{'now':>39}",
+    ]
+    for r in rows:
+        b = was.get((r.label, r.numel))
+        if b is None:
+            continue
+        lines.append(
+            f"{r.label:<24}{size_text(r.numel):>5}{b.fed_encode_ms:>9.2f}{b.fed_decode_ms:>9.2f}"
+            f"{b.fed_multiple:>9.1f}x{b.multiple:>10.1f}x  |{r.fed_encode_ms:>9.2f}"
+            f"{r.fed_decode_ms:>9.2f}{r.fed_multiple:>9.1f}x{r.multiple:>10.1f}x"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1M,16M", help="comma-separated, e.g. 1M,16M")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per cell (best kept)")
     parser.add_argument("--only", default="", help="only codecs whose label contains this")
     parser.add_argument("--save", action="store_true", help="also write the run to bench/results/")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="REF",
+        help="also measure commit REF's codecs, side by side",
+    )
+    parser.add_argument("--what", default="", help="the results file's <what> (default: the sizes)")
+    parser.add_argument("--rows", action="store_true", help=argparse.SUPPRESS)  # JSON rows only
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.rows:
+        print(json.dumps([asdict(r) for r in run(sizes, args.repeats, args.only)]))
+        return
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads", ""]
+    before = baseline(args.baseline, sizes, args.repeats, args.only) if args.baseline else []
     rows = run(sizes, args.repeats, args.only)
-    lines += [*table(rows), "", *goals(rows), "", *memory(max(sizes))]
+    lines += [*table(rows), "", *goals(rows), ""]
+    if before:
+        lines += [f"{args.baseline}:", *table(before), "", *goals(before), ""]
+        lines += [*side_by_side(rows, before, args.baseline), ""]
+    lines += memory(max(sizes))
     print("\n".join(lines))
     if args.save:
-        what = "-".join([*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)])
-        print(f"saved {save(lines, re.sub(r'[^a-z0-9.-]+', '', what.lower()))}")
+        what = args.what or "-".join(
+            [*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)]
+        )
+        name = re.sub(r"[^a-z0-9.-]+", "", what.lower())
+        print(f"saved {save(lines, name, ', '.join(size_text(s) for s in sizes))}")
 
 
 if __name__ == "__main__":

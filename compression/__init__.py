@@ -3,6 +3,7 @@
 from skyfed.compression.base import Codec, PayloadError
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.registry import (
+    check_payload,
     codec_names,
     decode_add_payload,
     decode_payload,
@@ -15,6 +16,7 @@ __all__ = [
     "Codec",
     "ErrorFeedback",
     "PayloadError",
+    "check_payload",
     "codec_names",
     "decode_add_payload",
     "decode_payload",

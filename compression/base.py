@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -72,6 +74,28 @@ class Codec(ABC):
         check_accumulator(acc)
         return acc.add_(self.decode(payload, shape=tuple(acc.shape)), alpha=alpha)
 
+    def check_squares(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> float:
+        """Check a payload as a receiver must before counting it (the frame against the
+        expected shape, as :meth:`decode` does, and every decoded value finite) and return
+        the decoded tensor's squared L2 norm (summed in float64).
+
+        ``out``/``shape`` as for :meth:`decode`; ``out`` is the scratch dense codecs decode
+        into. Raises :class:`PayloadError` for a payload that does not decode or holds
+        NaN or Inf. Top-k checks and sums its ``k`` values only (no dense tensor).
+        """
+        values = self.decode(payload, out, shape=shape)
+        if values.numel():
+            low, high = torch.aminmax(values)  # NaN propagates; Inf shows in one of them
+            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                raise PayloadError("payload holds NaN or Inf values")
+        return float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
+
     def encode_with_feedback(
         self,
         g: torch.Tensor,
@@ -87,6 +111,19 @@ class Codec(ABC):
         p = g if residual is None else g + residual
         payload = self.encode(p, out=out)
         return payload, p - self.decode(payload, shape=tuple(p.shape))
+
+    def encode_into_residual(self, p: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:
+        """Error feedback where the caller has already summed ``p = g + e`` in its
+        residual's memory: encode ``p`` and leave ``e' = p - D(c)`` in ``p`` itself.
+
+        Payload and ``e'`` are bit for bit those of ``encode_with_feedback(p, None)``,
+        without its fresh ``e'`` (for a 64 MB tensor, fresh memory costs more than the
+        encode: docs/codecs-performance.md). ``p`` is a float32 tensor; codecs override
+        this where they can write ``e'`` in place.
+        """
+        payload, residual = self.encode_with_feedback(p, None, out=out)
+        p.copy_(residual.view(p.shape))
+        return payload
 
     def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
         """The codec for each of a set of tensors that travel together (one contribution,
@@ -167,6 +204,36 @@ class Scratch:
 
 
 SCRATCH = Scratch()
+
+
+_T = TypeVar("_T")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def spans(numel: int, block: int = BLOCK_NUMEL) -> list[tuple[int, int]]:
+    """``[lo, hi)`` spans of whole ``block``s covering ``numel`` elements, one per thread
+    torch computes with (``torch.get_num_threads()``), for :func:`in_parallel`."""
+    parts = max(1, min(torch.get_num_threads(), -(-numel // block)))
+    per = -(-numel // block // parts) * block if numel > block else numel
+    return [(lo, min(numel, lo + per)) for lo in range(0, numel, max(per, 1))][:parts] or [(0, 0)]
+
+
+def in_parallel(fn: Callable[[int, int], _T], span_list: list[tuple[int, int]]) -> list[_T]:
+    """``[fn(lo, hi) for (lo, hi) in span_list]``, the first on this thread and the rest on
+    a shared pool: for numpy work on large tensors, which releases the GIL but runs on one
+    core (torch's own kernels already split themselves; two Python threads each calling
+    them contend for torch's pool: docs/codecs-performance.md)."""
+    global _pool
+    if len(span_list) == 1:
+        return [fn(*span_list[0])]
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(len(span_list) - 1, thread_name_prefix="skyfed-codec")
+        pool = _pool
+    futures = [pool.submit(fn, lo, hi) for lo, hi in span_list[1:]]
+    first = fn(*span_list[0])
+    return [first, *(f.result() for f in futures)]
 
 
 def blocks(numel: int, block: int = BLOCK_NUMEL) -> range:

@@ -108,6 +108,15 @@ class EcSgd(Codec):
             payload = self._encode(e_flat, tuple(g.shape), out, g_flat, e_flat)
         return payload, e_new.view(g.shape)
 
+    def encode_into_residual(
+        self, p: torch.Tensor, out: frame.PayloadBuffer | None = None
+    ) -> bytes:
+        """``e' = p - D(q)`` run by run of blocks, written over ``p`` as it goes."""
+        if p.dtype != torch.float32 or not p.is_contiguous():
+            return super().encode_into_residual(p, out)
+        flat = p.view(-1)
+        return self._encode(flat, tuple(p.shape), out, None, flat)
+
     def _encode(
         self,
         flat: torch.Tensor,

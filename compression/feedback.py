@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from skyfed.compression.base import Codec
+from skyfed.compression.frame import PayloadBuffer
 
 
 def released(
@@ -27,11 +29,28 @@ def released(
         return g, None
     if not codec.bounded_release:
         return g + residual, None
-    g_norm, e_norm = float(torch.linalg.vector_norm(g)), float(torch.linalg.vector_norm(residual))
-    if e_norm <= g_norm:
+    share = release_share(g, residual)
+    if share is None:
         return g + residual, None
-    share = g_norm / e_norm
     return g + residual * share, residual * (1.0 - share)
+
+
+def release_share(g: torch.Tensor, residual: torch.Tensor) -> float | None:
+    """``|g| / |e|`` (L2) where the residual is the larger, else None (it goes whole):
+    the share of the residual a bounded-release codec sends with ``g``."""
+    g_sq, e_sq = squared_norm(g), squared_norm(residual)
+    if e_sq <= g_sq:
+        return None
+    return math.sqrt(g_sq / e_sq)
+
+
+def squared_norm(x: torch.Tensor) -> float:
+    """``sum(x**2)``: a dot product, 2x cheaper than ``vector_norm`` on a large float32
+    tensor (docs/codecs-performance.md)."""
+    if x.dtype != torch.float32:
+        return float(torch.linalg.vector_norm(x.double())) ** 2
+    flat = x.reshape(-1)
+    return float(torch.dot(flat, flat))
 
 
 @dataclass
@@ -44,6 +63,9 @@ class ErrorFeedback:
     """
 
     residuals: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffers: dict[str, PayloadBuffer] = field(default_factory=dict, repr=False, compare=False)
+    """Payload memory per key, reused round after round while no payload of it is still
+    held (:meth:`PayloadBuffer.renew_if_held`); not state: a checkpoint has none."""
 
     def encode(self, key: str, codec: Codec, g: torch.Tensor) -> tuple[bytes, torch.Tensor]:
         """Encode ``g`` plus the key's residual; return the payload and what it sends, ``D(c)``.
@@ -69,6 +91,15 @@ class ErrorFeedback:
             self.residuals[key] = residual if kept is None else residual + kept
             out[key] = (payload, p - residual)
         return out
+
+    def buffer(self, key: str) -> PayloadBuffer:
+        """The key's payload memory for its next encode: the last payload's, unless that
+        payload is still held somewhere (then new memory, so it stays unchanged)."""
+        buffer = self.buffers.get(key)
+        if buffer is None:
+            buffer = self.buffers[key] = PayloadBuffer()
+        buffer.renew_if_held()
+        return buffer
 
     def credit(self, key: str, x: torch.Tensor) -> None:
         """Add ``x`` to the key's residual: unsent work that goes out with a later payload."""

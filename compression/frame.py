@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -59,20 +60,39 @@ class PayloadBuffer:
     """Memory a caller owns and lends to encoders, so large payloads need no fresh memory.
 
     Fresh memory costs a page fault per 4 KiB on first touch: for a 32 MB FP16 payload
-    that is more than the conversion itself. A payload encoded into a buffer is a
-    ``memoryview`` over it, valid until the next encode into the same buffer; keep one
-    buffer per tensor (like its error-feedback residual), or ``bytes(payload)`` to keep it.
+    that is more than the conversion itself (3-4x it on the 2-core development host). A
+    payload encoded into a buffer is a ``memoryview`` over it, valid until the next encode
+    into the same buffer; keep one buffer per tensor (like its error-feedback residual),
+    or ``bytes(payload)`` to keep it, or call :meth:`renew_if_held` before each encode
+    (what the federation's senders do, ``skyfed/feedback_encode.py``).
     """
 
     def __init__(self) -> None:
-        self._bytes_B = torch.empty(0, dtype=torch.uint8)
+        # numpy memory: every tensor, array and memoryview made from it holds a reference
+        # to this array, so its reference count says whether a payload is still held.
+        self._memory_B = np.empty(0, dtype=np.uint8)
 
     def take(self, nbytes: int) -> torch.Tensor:
         """The first ``nbytes`` as a 1-D uint8 tensor; the memory is replaced only to grow,
         so a payload still held from before keeps the old memory alive and unchanged."""
-        if self._bytes_B.numel() < nbytes:
-            self._bytes_B = torch.empty(nbytes, dtype=torch.uint8)
-        return self._bytes_B[:nbytes]
+        if self._memory_B.size < nbytes:
+            # 1/8 spare: a sparse codec's payload varies by a few % from round to round.
+            self._memory_B = np.empty(nbytes + nbytes // 8, dtype=np.uint8)
+        return torch.from_numpy(self._memory_B[:nbytes])
+
+    @property
+    def held(self) -> bool:
+        """Whether anything made from this memory (a payload, a slice of one, a chunk's
+        view) is still alive anywhere."""
+        # The attribute's own reference and getrefcount's argument: 2 when nothing else.
+        return sys.getrefcount(self._memory_B) > 2
+
+    def renew_if_held(self) -> None:
+        """Start the next payload in new memory if the last one is still held (an
+        unacknowledged upload, a broadcast still queued), else reuse this memory: a
+        payload is never overwritten while anyone holds it."""
+        if self.held:
+            self._memory_B = np.empty(0, dtype=np.uint8)
 
 
 def header(codec: int, shape: tuple[int, ...], params: bytes, *, flags: int = 0) -> bytes:

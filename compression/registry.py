@@ -95,6 +95,21 @@ def decode_add_payload(payload: bytes, acc: torch.Tensor, alpha: float = 1.0) ->
     return _decoder(payload).decode_add(payload, acc, alpha)
 
 
+def check_payload(
+    payload: bytes,
+    out: torch.Tensor | None = None,
+    *,
+    shape: tuple[int, ...] | torch.Size | None = None,
+) -> float:
+    """:meth:`Codec.check_squares` by the codec the frame names: the payload checked as a
+    receiver must before counting it, and the squared L2 norm of what it decodes to.
+    ``out`` or ``shape`` is required (``out``: the scratch a dense codec decodes into)."""
+    expected = expected_shape(out, shape)
+    if expected is None:
+        raise ValueError("check_payload needs the expected shape: out= or shape=")
+    return _decoder(payload).check_squares(payload, out, shape=expected)
+
+
 def _decoder(payload: bytes) -> Codec:
     payload_codec(payload)
     return _DECODERS[payload[5]]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from skyfed.compression.base import BLOCK_NUMEL, SCRATCH, blocks
+from skyfed.compression.base import BLOCK_NUMEL, SCRATCH, in_parallel, spans
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +51,16 @@ class TopKSelector:
         target = k * (1 + OVERSHOOT / 2)
         rank = math.ceil(target * sample_M.numel() / n)
         mask_N = SCRATCH.take("topk-mask", n, torch.bool)
+        parts = spans(n)
         pending_add = add_N
         for _ in range(_ATTEMPTS):
             threshold = _quantile(sample_M, rank)
             if threshold <= 0.0:
                 break
-            _threshold_pass(flat_N, pending_add, threshold, mask_N)
+            count = threshold_pass(flat_N, pending_add, threshold, mask_N, parts)
             pending_add = None
-            kept = np.flatnonzero(mask_N.numpy())  # sorted; its length is the count
-            count = len(kept)
             if k <= count <= k * (1 + OVERSHOOT):
-                return torch.from_numpy(kept)
+                return _nonzero(mask_N, parts)
             # The count over the tensor scales with the sample's rank of the threshold.
             at_or_above = int(torch.count_nonzero(sample_M >= threshold))
             rescaled = max(1, round(at_or_above * target / max(count, 1)))
@@ -92,18 +91,43 @@ def _quantile(sample_M: torch.Tensor, rank: int) -> float:
     return float(torch.kthvalue(sample_M, m - min(m, max(1, rank)) + 1).values)
 
 
-def _threshold_pass(
-    flat_N: torch.Tensor, add_N: torch.Tensor | None, threshold: float, mask_N: torch.Tensor
-) -> None:
-    """``mask = |flat| >= threshold`` (after ``flat += add``), block by block in cache."""
-    abs_B = SCRATCH.take("topk-abs", min(BLOCK_NUMEL, flat_N.numel()))
-    for start in blocks(flat_N.numel()):
-        stop = min(start + BLOCK_NUMEL, flat_N.numel())
-        p_B = flat_N[start:stop]
-        if add_N is not None:
-            p_B.add_(add_N[start:stop])
-        a_B = torch.abs(p_B, out=abs_B[: stop - start])
-        torch.ge(a_B, threshold, out=mask_N[start:stop])
+def threshold_pass(
+    flat_N: torch.Tensor,
+    add_N: torch.Tensor | None,
+    threshold: float,
+    mask_N: torch.Tensor,
+    parts: list[tuple[int, int]],
+) -> int:
+    """``mask = |flat| >= threshold`` (after ``flat += add``) and its count: block by block
+    in cache, each span of ``parts`` on its own thread (numpy: one core per span)."""
+    flat, mask = flat_N.numpy(), mask_N.numpy()
+    add = None if add_N is None else add_N.numpy()
+
+    def span(lo: int, hi: int) -> int:
+        abs_B = SCRATCH.take("topk-abs", min(BLOCK_NUMEL, hi - lo)).numpy()
+        count = 0
+        for start in range(lo, hi, BLOCK_NUMEL):
+            stop = min(start + BLOCK_NUMEL, hi)
+            p_B = flat[start:stop]
+            if add is not None:
+                np.add(p_B, add[start:stop], out=p_B)  # p = e + g: IEEE float32, as torch's
+            a_B = np.abs(p_B, out=abs_B[: stop - start])
+            count += int(np.count_nonzero(np.greater_equal(a_B, threshold, out=mask[start:stop])))
+        return count
+
+    return sum(in_parallel(span, parts))
+
+
+def _nonzero(mask_N: torch.Tensor, parts: list[tuple[int, int]]) -> torch.Tensor:
+    """The sorted int64 indices of ``mask_N``'s set elements, a span per thread."""
+    mask = mask_N.numpy()
+
+    def span(lo: int, hi: int) -> np.ndarray:
+        found = np.flatnonzero(mask[lo:hi])
+        return found + lo if lo else found
+
+    found = in_parallel(span, parts)
+    return torch.from_numpy(found[0] if len(found) == 1 else np.concatenate(found))
 
 
 def _exact(flat_N: torch.Tensor, k: int) -> torch.Tensor:

@@ -10,17 +10,21 @@ import torch
 
 from skyfed.compression import frame, lowbit, packing
 from skyfed.compression.base import (
+    BLOCK_NUMEL,
+    SCRATCH,
     Codec,
     PayloadError,
     as_flat_f32,
     check_accumulator,
     expected_shape,
+    in_parallel,
     output_tensor,
     residual_memory,
+    spans,
     storage_index,
 )
 from skyfed.compression.fp import fp16_scale, readonly_tensor
-from skyfed.compression.select import TopKSelector
+from skyfed.compression.select import TopKSelector, threshold_pass
 
 # The sparsest payload a decoder accepts: it never allocates more than this many dense
 # elements per kept element, so a tiny payload cannot claim a huge tensor.
@@ -117,6 +121,17 @@ class TopK(Codec):
         e_flat[idx_k] = kept_k.sub_(sent_k)
         return payload, e_flat.view(g.shape)
 
+    def encode_into_residual(
+        self, p: torch.Tensor, out: frame.PayloadBuffer | None = None
+    ) -> bytes:
+        """``e' = p`` with the kept elements replaced by their rounding error, in ``p``."""
+        if p.dtype != torch.float32 or not p.is_contiguous():
+            return super().encode_into_residual(p, out)
+        flat = p.view(-1)
+        payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
+        flat[idx_k] = kept_k.sub_(sent_k)
+        return payload
+
     def _encode(
         self,
         flat: torch.Tensor,
@@ -167,7 +182,7 @@ class TopK(Codec):
         f, idx_k, values_k = self._parse(payload, expected_shape(out, shape))
         result = output_tensor(f.shape, out)
         flat = result.view(-1).zero_()
-        flat[idx_k] = values_k
+        _scatter(flat, idx_k, values_k)
         return result
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -175,9 +190,22 @@ class TopK(Codec):
         check_accumulator(acc)
         _, idx_k, values_k = self._parse(payload, tuple(acc.shape))
         base, offsets_k = storage_index(acc, idx_k)
-        kept_k = torch.index_select(base, 0, offsets_k)  # 1.5x faster than base[offsets_k]
-        base[offsets_k] = kept_k.add_(values_k, alpha=alpha)
+        kept_k = _gather(base, offsets_k)
+        _scatter(base, offsets_k, kept_k.add_(values_k, alpha=alpha))
         return acc
+
+    def check_squares(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> float:
+        """The ``k`` decoded values' squared norm: parsing already refuses non-finite
+        values, and the elements not sent are zeros (``out`` is not needed)."""
+        expected = expected_shape(out, shape)
+        _, _, values_k = self._parse(payload, expected)
+        return float(torch.linalg.vector_norm(values_k, dtype=torch.float64)) ** 2
 
     def _parse(
         self, payload: bytes, shape: tuple[int, ...] | None
@@ -220,7 +248,7 @@ class TopK(Codec):
         if not (math.isfinite(threshold) and threshold > 0.0):
             return plan
         for key, v in big.items():
-            count = int(torch.count_nonzero(v.detach().abs() >= threshold))
+            count = _count_at_or_above(v.detach(), threshold)
             density = min(1.0, max(count / v.numel(), MIN_DENSITY))
             plan[key] = self._with_density(density)
         return plan
@@ -245,6 +273,42 @@ class TopK(Codec):
             f"TopK(density={self.density}, values={self.values!r}, "
             f"dense_below={self.dense_below}, bits={self.bits})"
         )
+
+
+def _count_at_or_above(v: torch.Tensor, threshold: float) -> int:
+    """``#{|v| >= threshold}``: the selection's own pass (per-thread scratch, a span per
+    core) where ``v`` is contiguous float32, instead of two fresh tensors of its size."""
+    if v.dtype != torch.float32 or not v.is_contiguous() or v.numel() < BLOCK_NUMEL:
+        return int(torch.count_nonzero(v.abs() >= threshold))
+    flat = v.view(-1)
+    mask = SCRATCH.take("topk-mask", flat.numel(), torch.bool)
+    return threshold_pass(flat, None, threshold, mask, spans(flat.numel()))
+
+
+# Kept elements per span below which a gather or scatter runs on one thread.
+_INDEX_SPAN = 1 << 16
+
+
+def _gather(base: torch.Tensor, idx_k: torch.Tensor) -> torch.Tensor:
+    """``base[idx_k]`` (1-D, indices in range), a span of the indices per core (numpy's
+    take drops the GIL; ``mode="clip"`` writes straight into the result, unbuffered)."""
+    base_np, idx = base.detach().numpy(), idx_k.numpy()
+    kept = np.empty(len(idx), dtype=base_np.dtype)
+    in_parallel(
+        lambda lo, hi: np.take(base_np, idx[lo:hi], out=kept[lo:hi], mode="clip"),
+        spans(len(idx), _INDEX_SPAN),
+    )
+    return torch.from_numpy(kept)
+
+
+def _scatter(base: torch.Tensor, idx_k: torch.Tensor, values_k: torch.Tensor) -> None:
+    """``base[idx_k] = values_k`` (1-D, distinct indices in range), a span per core."""
+    base_np, idx, values = base.detach().numpy(), idx_k.numpy(), values_k.numpy()
+
+    def span(lo: int, hi: int) -> None:
+        base_np[idx[lo:hi]] = values[lo:hi]
+
+    in_parallel(span, spans(len(idx), _INDEX_SPAN))
 
 
 def _dequantize(q_k: torch.Tensor, scale: np.float32) -> torch.Tensor:

@@ -23,7 +23,8 @@ def cut(
     data = payload.data
     parts = max(1, -(-len(data) // max_chunk_bytes))
     for part in range(parts):
-        piece = data[part * max_chunk_bytes : (part + 1) * max_chunk_bytes]
+        # bytes for protobuf: a slice of bytes already is one; a memoryview's is copied.
+        piece = bytes(data[part * max_chunk_bytes : (part + 1) * max_chunk_bytes])
         yield Chunk(
             kind=kind,
             round=round,

@@ -7,8 +7,14 @@ with at most one tensor-sized temporary: codecs whose input is sent element by e
 (FP16/BF16/FP32) fuse ``p = g + e`` and ``e' = p - D(c)`` into ``e``'s memory
 (``Codec.encode_with_feedback(g, e)``) one tensor at a time, so payloads can leave while
 later tensors are encoded; codecs that plan across the set (Top-k's one threshold) get
-every ``p`` built in its residual's memory first. What was sent stays encoded: decode the
-payload if it must be credited back.
+every ``p`` built in its residual's memory first, and ``e'`` written over it
+(``Codec.encode_into_residual``). What was sent stays encoded: decode the payload if it
+must be credited back.
+
+Payloads are ``memoryview``s into per-key memory the residuals' owner keeps
+(``ErrorFeedback.buffer``), reused round after round unless the last payload is still
+held (an unacknowledged upload, a queued broadcast): fresh memory for a 32 MB FP16
+payload cost 3-4x its encode (docs/codecs-performance.md).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from skyfed.compression.base import Codec
-from skyfed.compression.feedback import ErrorFeedback
+from skyfed.compression.feedback import ErrorFeedback, release_share
 
 
 def encode_in_place(
@@ -31,9 +37,10 @@ def encode_in_place(
     """``(key, payload)`` for each ``(key, g)`` of ``tensors`` (in their order), updating
     ``feedback``'s residuals as ``encode_all`` does. Each ``g`` is only read; a residual's
     memory is reused for ``p`` and ``e'``. Lazy: each payload is encoded when it is asked
-    for, and ``tensors`` is read as it is needed, so it may be a generator; ``borrowed``
-    says each ``g``'s memory is reused for the next one (a codec that plans across the set
-    then copies a ``g`` that has no residual to be added to)."""
+    for, and ``tensors`` is read as it is needed, so it may be a generator. A ``g`` with no
+    residual yet is copied (``e'`` is written over ``p``), so ``borrowed`` (each ``g``'s
+    memory is reused for the next one) needs nothing more and is accepted for callers
+    that say it."""
     if codec.bounded_release and type(codec).plan is Codec.plan:
         for key, g in tensors:
             yield key, _bounded(feedback, codec, key, g)
@@ -42,13 +49,14 @@ def encode_in_place(
     pending = {}
     for key, g in tensors:
         e = residuals.get(key)
-        if e is None:
-            pending[key] = g.clone() if borrowed else g
+        if e is None:  # e' will be written over p: never over the caller's g
+            pending[key] = torch.empty(g.shape).copy_(g)
         else:
             pending[key] = e.add_(g)  # p = e + g, in the residual's memory
     for key, each in codec.plan(pending).items():
-        payload, residuals[key] = each.encode_with_feedback(pending[key], None)
-        pending[key] = None  # the old residual's memory goes as soon as e' replaces it
+        p = pending.pop(key)
+        payload = each.encode_into_residual(p, out=feedback.buffer(key))  # e' in p's memory
+        residuals[key] = p
         yield key, payload
 
 
@@ -58,12 +66,10 @@ def _bounded(feedback: ErrorFeedback, codec: Codec, key: str, g: torch.Tensor) -
     e = feedback.residuals.get(key)
     held = None
     if e is not None:
-        g_norm = float(torch.linalg.vector_norm(g))
-        e_norm = float(torch.linalg.vector_norm(e))
-        if e_norm > g_norm:
-            share = g_norm / e_norm
+        share = release_share(g, e)
+        if share is not None:
             held = e * (1.0 - share)
             e.mul_(share)
-    payload, residual = codec.encode_with_feedback(g, e)
+    payload, residual = codec.encode_with_feedback(g, e, out=feedback.buffer(key))
     feedback.residuals[key] = residual if held is None else residual.add_(held)
     return payload

@@ -8,6 +8,9 @@ import torch
 from skyfed.compression import codec_names, make_codec
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.feedback_encode import encode_in_place
+from skyfed.proto.chunks import cut
+from skyfed.proto.serde import chunk_from_proto, chunk_to_proto
+from skyfed.wire import Payload
 
 SHAPES = {"w": (300, 40), "b": (300,), "tiny": (3,)}
 
@@ -57,3 +60,29 @@ def test_borrowed_inputs_from_one_buffer_give_the_same_bits(name):
         )
         assert all(bytes(got[k]) == bytes(want[k]) for k in g)
         assert all(torch.equal(borrowed.residuals[k], plain.residuals[k]) for k in g)
+
+
+def test_a_payload_still_held_keeps_its_bytes_and_a_released_ones_memory_is_reused():
+    fb, g = ErrorFeedback(), {"w": torch.randn(300, 40)}
+    for name in ("fp16", "topk", "ecsgd"):
+        codec = make_codec(name, seed=[0])
+        list(encode_in_place(fb, codec, g.items()))  # a residual from the round before
+        held = dict(encode_in_place(fb, codec, g.items()))["w"]  # an unacknowledged upload
+        kept = bytes(held)
+        again = dict(encode_in_place(fb, codec, g.items()))["w"]
+        assert bytes(held) == kept, name
+        address = again.obj.base.data_ptr()
+        del held, again  # acknowledged: nothing holds the last payload
+        last = dict(encode_in_place(fb, codec, g.items()))["w"]
+        assert last.obj.base.data_ptr() == address, name
+
+
+def test_in_place_payloads_cut_into_chunks_protobuf_takes():
+    fb = ErrorFeedback()
+    data = dict(encode_in_place(fb, make_codec("fp16"), {"w": torch.randn(300, 40)}.items()))["w"]
+    payload = Payload(0, None, "fp16", data)
+    chunks = [
+        chunk_from_proto(chunk_to_proto(c))
+        for c in cut(payload, kind=0, round=0, first_seq=0, max_chunk_bytes=4096)
+    ]
+    assert b"".join(c.data for c in chunks) == bytes(data)

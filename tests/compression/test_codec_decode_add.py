@@ -135,3 +135,15 @@ def test_feedback_keeps_e_prime_equal_to_p_minus_what_the_receiver_decodes(name,
     acc = torch.zeros(3, 1000)
     codec.decode_add(payload, acc)
     assert torch.equal(new_residual, p - acc)
+
+
+@pytest.mark.parametrize("numel", [5000, 300_000])
+def test_top_k_decodes_into_a_models_parameter(numel: int) -> None:
+    """An agent applies the broadcast straight to its weights (nn.Parameter, no_grad)."""
+    codec = make_codec("topk", density=0.05)
+    payload = bytes(codec.encode(torch.randn(numel, generator=torch.Generator().manual_seed(2))))
+    weights = torch.nn.Parameter(torch.randn(numel))
+    want = weights.detach().clone().add_(codec.decode(payload, shape=(numel,)), alpha=-1.0)
+    with torch.no_grad():
+        codec.decode_add(payload, weights, -1.0)
+    assert torch.equal(weights.detach(), want)

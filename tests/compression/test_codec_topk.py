@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from skyfed.compression import decode_payload, make_codec
 from skyfed.compression.select import OVERSHOOT, TopKSelector
+from skyfed.compression.topk import _count_at_or_above
 
 
 def _topk_set(x: torch.Tensor, k: int) -> set[int]:
@@ -132,3 +133,15 @@ def test_one_threshold_over_a_set_sends_where_the_update_is_large() -> None:
     assert kept == {"loud": 400, "quiet": 1, "bias": 100}
     fp16 = make_codec("fp16")
     assert fp16.plan(pending) == dict.fromkeys(pending, fp16)
+
+
+def test_the_plans_count_over_a_large_tensor_is_torchs_count() -> None:
+    """The plan counts each large tensor with the selection's pass: the same count."""
+    gen = torch.Generator().manual_seed(5)
+    for v in (
+        torch.randn(700_000, generator=gen),
+        torch.randn(600, 1000, generator=gen).round(),  # ties at the threshold
+        torch.randn(1000, 600, generator=gen).t(),  # not contiguous: torch's count
+    ):
+        for t in (0.0, 0.5, 1.0, 2.5, 9.0):
+            assert _count_at_or_above(v, t) == int(torch.count_nonzero(v.abs() >= t)), t

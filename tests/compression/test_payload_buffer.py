@@ -38,3 +38,40 @@ def test_buffer_payload_is_usable_where_bytes_are() -> None:
     payload = make_codec("fp16").encode(torch.arange(100.0), out=PayloadBuffer())
     joined = b"".join([payload[:10], payload[10:]])
     assert len(joined) == len(payload) and joined == bytes(payload)
+
+
+def test_a_held_payload_is_never_overwritten_by_the_next() -> None:
+    codec, buffer = make_codec("fp16"), PayloadBuffer()
+    held = codec.encode(torch.ones(1000), out=buffer)
+    kept = bytes(held)
+    buffer.renew_if_held()
+    codec.encode(torch.full((1000,), 2.0), out=buffer)
+    assert bytes(held) == kept
+
+
+def test_a_released_payloads_memory_is_reused() -> None:
+    codec, buffer = make_codec("fp16"), PayloadBuffer()
+    first = codec.encode(torch.ones(1000), out=buffer)
+    address = first.obj.base.data_ptr()  # type: ignore[union-attr]
+    piece = first[10:20]  # a chunk's view still holds the memory
+    del first
+    assert buffer.held
+    del piece
+    assert not buffer.held
+    buffer.renew_if_held()
+    second = codec.encode(torch.full((1000,), 2.0), out=buffer)
+    assert second.obj.base.data_ptr() == address  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("name", "params"), CODECS)
+def test_encoding_into_the_residual_gives_encode_with_feedbacks_bits(
+    name: str, params: dict
+) -> None:
+    params = {**params, "seed": 0} if name == "ecsgd" else params  # same rounding draws
+    gen = torch.Generator().manual_seed(3)
+    for p in (torch.randn(70_000, generator=gen), torch.randn(40, 300, generator=gen).t()):
+        want_payload, want_e = make_codec(name, **params).encode_with_feedback(p, None)
+        in_place = p.clone()
+        payload = make_codec(name, **params).encode_into_residual(in_place, out=PayloadBuffer())
+        assert bytes(payload) == bytes(want_payload)
+        assert torch.equal(in_place, want_e.view(p.shape))
