@@ -22,7 +22,7 @@ from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
-from skyfed.wire import Announce, Chunk, Heartbeat, Hello
+from skyfed.wire import AgentMessage, Announce, Chunk, ContributionEnd, Heartbeat, Hello
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close(status_code(exc), str(exc))
 
-    def _handle(
-        self, session: Session, message: Hello | Announce | Chunk | Heartbeat | None
-    ) -> None:
+    def _handle(self, session: Session, message: AgentMessage | None) -> None:
         fed = self.federation
         if isinstance(message, Hello):
             fed.admission.join(session, message)
@@ -183,6 +181,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             fed.intake.begin(session, message)
         elif isinstance(message, Chunk):
             fed.intake.chunk(session, message)
+        elif isinstance(message, ContributionEnd):
+            fed.intake.end(session, message)
         elif isinstance(message, Heartbeat):
             fed.links.heartbeat(session, message)
             session.outbox.acked(message.received)

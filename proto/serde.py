@@ -25,6 +25,7 @@ from skyfed.wire import (
     AgentMessage,
     Announce,
     Chunk,
+    ContributionEnd,
     CoordinatorMessage,
     ExchangeTiming,
     Heartbeat,
@@ -90,6 +91,8 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     if isinstance(m, Announce):
         timing = None if m.timing is None else _to_proto(pb.ExchangeTiming, m.timing)
         return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m, timing=timing))
+    if isinstance(m, ContributionEnd):
+        return pb.AgentMessage(contribution_end=_to_proto(pb.ContributionEnd, m))
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
@@ -124,6 +127,8 @@ def _agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
         c = m.contribution
         timing = _from_proto(ExchangeTiming, c.timing) if c.HasField("timing") else None
         return _from_proto(Announce, c, timing=timing)
+    if kind == "contribution_end":
+        return _from_proto(ContributionEnd, m.contribution_end)
     if kind == "hello":
         h = m.hello
         return _from_proto(
