@@ -225,12 +225,12 @@ def serve_federation(
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session,
             request_deserializer=None,
-            response_serializer=pb.CoordinatorMessage.SerializeToString,
+            response_serializer=serde.coordinator_message_bytes,
         ),
         "Stripe": grpc.stream_stream_rpc_method_handler(
             servicer.Stripe,
             request_deserializer=None,
-            response_serializer=pb.CoordinatorMessage.SerializeToString,
+            response_serializer=serde.coordinator_message_bytes,
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
             servicer.Status,

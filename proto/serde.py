@@ -9,7 +9,7 @@ at the stream. Our field names are the messages' own, so most conversions copy b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from google.protobuf import json_format
@@ -187,9 +187,35 @@ def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessa
     return None
 
 
-def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage) -> int:
+@dataclass(frozen=True, slots=True)
+class Serialized:
+    """A message serialized once, queued as is on every session of a broadcast: each
+    aggregate chunk is converted and serialized one time, not once per agent (and no
+    shared message is stamped by several sessions' senders at once)."""
+
+    data: bytes
+    body: str
+    """The message's ``body`` field (how an outbox routes it)."""
+
+
+def serialized(m: pb.CoordinatorMessage) -> Serialized:
+    return Serialized(m.SerializeToString(), m.WhichOneof("body") or "")
+
+
+def numbered(m: Serialized, position: int) -> Serialized:
+    """``m`` with ``order = position``: a serialized message followed by another's bytes
+    parses as their merge, and the later scalar wins."""
+    return Serialized(m.data + pb.CoordinatorMessage(order=position).SerializeToString(), m.body)
+
+
+def coordinator_message_bytes(m: pb.CoordinatorMessage | Serialized) -> bytes:
+    """What the session streams send (their response serializer)."""
+    return m.data if isinstance(m, Serialized) else m.SerializeToString()
+
+
+def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage | Serialized) -> int:
     """The message's encoded bytes (what a session's byte counters add)."""
-    return m.ByteSize()
+    return len(m.data) if isinstance(m, Serialized) else m.ByteSize()
 
 
 # ---- status --------------------------------------------------------------------------------
