@@ -20,8 +20,8 @@ Why not fsync before the broadcast, as before: at 100M parameters the file is 80
 this host's disk writes ~140 MB/s fsynced (5-6 s), more than a whole round.
 
 The oldest file, once it is no longer kept, becomes the *spare* the next checkpoint is
-written into: overwriting pages the kernel already holds costs a twelfth of the CPU of
-writing into new ones (400 MB: 0.07 against 0.85 CPU-s on this host, docs/scale.md). A
+written into: overwriting pages the kernel already holds costs 0.07 CPU-s for 400 MB on
+this host, new pages 0.91 (docs/scale.md, Checkpoints). A
 file is only recycled once a newer one is durable, and loading refuses a file whose footer
 names another round than its name, so a torn recycled file never passes for its old self.
 """

@@ -7,8 +7,8 @@ Fixing the threshold keeps every large buffer (a tensor, a payload) a mapping of
 so peak RSS follows what is live (docs/scale.md, Memory). It sits at 2 MiB, above a
 1 MiB chunk: a mapping costs a page fault per 4 KiB on first touch, and every chunk passes
 through several short-lived copies (its slice, its message, its serialized bytes), which
-at 128 KiB cost 2.5x what they cost from the arena's reused memory (1.6 against 0.66 ms
-per MiB for those three on this host). No effect off glibc.
+at 128 KiB cost 5x what they cost from the arena's reused memory (1.2 against 0.24 CPU-ms
+per MiB for those three on this host, docs/scale.md). No effect off glibc.
 """
 
 from __future__ import annotations
