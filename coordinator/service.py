@@ -128,7 +128,9 @@ class FederationServicer(pb_grpc.FederationServicer):
             for data in requests:
                 session.last_seen = time.monotonic()
                 message = serde.parse(pb.AgentMessage, data)
-                session.merge.add(message.order, message, _held_size(message))
+                # Held out of order, it weighs its bytes as received (reading the
+                # chunk's data to measure it would copy the data).
+                session.merge.add(message.order, message, len(data))
         except FederationError as exc:
             self._refused(session, exc)
             return
@@ -148,7 +150,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 if message.WhichOneof("body") != "chunk" or not message.order:
                     raise ProtocolError("a stripe carries numbered chunks only")
                 session.last_seen = time.monotonic()
-                session.merge.add(message.order, message, _held_size(message))
+                session.merge.add(message.order, message, len(data))
         except FederationError as exc:
             self._refused(session, exc)
         except grpc.RpcError:
@@ -201,11 +203,6 @@ class FederationServicer(pb_grpc.FederationServicer):
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
         return serde.status_to_proto(self.federation.status(windows=parsed.windows))
-
-
-def _held_size(message: pb.AgentMessage) -> int:
-    """What a message weighs while it waits out of order: its chunk's data, or its size."""
-    return len(message.chunk.data) if message.HasField("chunk") else message.ByteSize()
 
 
 def serve_federation(
