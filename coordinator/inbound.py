@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from skyfed import failpoints
+from skyfed import allocator, failpoints
 from skyfed.coordinator.aggregate import Contribution
 from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import (
@@ -119,6 +119,10 @@ class Intake:
                 )
                 self.refuse(session, header.round, header.chunks or None, again)
                 return
+            if fed.aggregate.committed == 0 and not self._arriving():
+                # The round's first upload: the last broadcast's chunk buffers, sent by
+                # now, go back before this round's payloads take memory (docs/scale.md).
+                allocator.trim()
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks or None,
@@ -137,6 +141,10 @@ class Intake:
             fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
             fed.stats.raw_bytes_up += header.raw_bytes
             session.raw_bytes_up += header.raw_bytes
+
+    def _arriving(self) -> bool:
+        """Some contribution is arriving now (the caller holds the lock)."""
+        return any(s.inbound is not None and s.inbound.open for s in self.fed.sessions.values())
 
     def _timed(self, session: Session, header: Announce) -> None:
         """The agent's timing of its last exchange: the link's efficiency in that round
