@@ -18,12 +18,13 @@ from skyfed.compression import PayloadError, codec_names
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
-from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, count_chunks, cut_each
+from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
 from skyfed.wire import (
     EXCHANGES,
     Announce,
     Chunk,
     ChunkKind,
+    ContributionEnd,
     CoordinatorMessage,
     Hello,
     Receipt,
@@ -297,27 +298,42 @@ class Agent:
         return result
 
     def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
-        started = time.monotonic()
-        payloads = self.site.contribution(round, self.codec)  # every rank's own shards
-        link.encoded(round, time.monotonic() - started)
+        """Announce, then stream: each payload's chunks are queued as soon as it is
+        encoded, and the count comes last in a ``ContributionEnd`` (docs/scale.md,
+        Streams)."""
         self._unacked.add(round)
         link.send(
             Announce(
                 round=round,
-                chunks=count_chunks(payloads, self.max_chunk_bytes),
+                chunks=0,
                 samples=result.samples,
                 loss=result.loss,
                 train_s=result.train_s,
                 raw_bytes=raw_bytes(self.spec),
             )
         )
-        # One chunk at a time: each slice of a payload is converted for the wire and
-        # dropped before the next is cut (not a second copy of the whole contribution).
-        for chunk in cut_each(
-            payloads, kind=ChunkKind.GRADIENT, round=round, max_chunk_bytes=self.max_chunk_bytes
-        ):
-            link.send(chunk)
-            self.bytes_up += len(chunk.data)
+        payloads = self.site.stream_contribution(round, self.codec)  # every rank's shards
+        encoding_s, sent = 0.0, 0
+        while True:
+            started = time.monotonic()
+            payload = next(payloads, None)
+            encoding_s += time.monotonic() - started
+            if payload is None:
+                break
+            # One chunk at a time: each slice of a payload is converted for the wire and
+            # dropped before the next is cut (not a second copy of the whole contribution).
+            for chunk in cut(
+                payload,
+                kind=ChunkKind.GRADIENT,
+                round=round,
+                first_seq=sent,
+                max_chunk_bytes=self.max_chunk_bytes,
+            ):
+                link.send(chunk)
+                self.bytes_up += len(chunk.data)
+                sent += 1
+        link.send(ContributionEnd(round=round, chunks=sent))
+        link.encoded(round, encoding_s)
 
     # ---- incoming ------------------------------------------------------------------------
 

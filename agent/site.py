@@ -10,7 +10,7 @@ for the digest) therefore always line up. With one rank (``Solo``) nothing is br
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -97,6 +97,20 @@ class Site:
     def contribution(self, round: int, codec: str) -> list[Payload]:
         """Every rank encodes its own shards; rank 0 gets all payloads, in tensor order."""
         return self._lead(self._contribution, round, codec)
+
+    def stream_contribution(self, round: int, codec: str) -> Iterator[Payload]:
+        """:meth:`contribution`'s payloads; with one rank, each as soon as it is encoded,
+        so its chunks can leave while later tensors are encoded (docs/scale.md, Streams).
+        The caller exhausts it."""
+        if self.group.world > 1:  # the ranks' payloads meet in one gather
+            return iter(self.contribution(round, codec))
+        return self._stream(round, codec)
+
+    def _stream(self, round: int, codec: str) -> Iterator[Payload]:
+        built = self.codec(round, codec)
+        yield from self.uplink.stream(round, built, self._take_delta())
+        if self.trainer.momentum is not None:  # only gradient exchange needs it decoded
+            self.trainer.sent(self.uplink.sent(round), built)
 
     def keep(self) -> None:
         """The round closed while we trained: keep the delta in the residuals."""

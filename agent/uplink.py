@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, decode_payload
@@ -37,20 +39,33 @@ class Uplink:
         self._unacked: dict[int, dict[str, bytes]] = {}
 
     def encode(self, round: int, codec: Codec, delta: list[torch.Tensor | None]) -> list[Payload]:
-        """Payloads for the owned slices (``delta[i]`` not None), less empty shards; error
-        feedback in the residuals' own memory (``skyfed/feedback_encode.py``)."""
+        """Every payload of :meth:`stream`, at once."""
+        return list(self.stream(round, codec, delta))
+
+    def stream(
+        self, round: int, codec: Codec, delta: list[torch.Tensor | None]
+    ) -> Iterator[Payload]:
+        """Payloads for the owned slices (``delta[i]`` not None), less empty shards, each
+        as soon as it is encoded (docs/scale.md, Streams); error feedback in the residuals'
+        own memory (``skyfed/feedback_encode.py``). ``delta``'s entries are let go as they
+        are taken, so each slice's memory can go once it is encoded; the caller must
+        exhaust the iterator (every residual is then updated)."""
         owned = {
             key: i
             for i, (key, d) in enumerate(zip(self.keys, delta, strict=True))
             if d is not None and (self.shards[i] is None or self.shards[i][2] > 0)
         }
-        tensors = ((key, delta[i]) for key, i in owned.items())
-        encoded = dict(encode_in_place(self.feedback, codec, tensors))
-        self._unacked[round] = encoded
-        return [
-            Payload(owned[key], self.shards[owned[key]], codec.name, data)
-            for key, data in encoded.items()
-        ]
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for key, i in owned.items():
+                d, delta[i] = delta[i], None
+                assert d is not None
+                yield key, d
+
+        encoded = self._unacked[round] = {}
+        for key, data in encode_in_place(self.feedback, codec, tensors()):
+            encoded[key] = data
+            yield Payload(owned[key], self.shards[owned[key]], codec.name, data)
 
     def sent(self, round: int) -> list[torch.Tensor | None]:
         """What the contribution to ``round`` carried, decoded, per tensor (None: not ours)."""

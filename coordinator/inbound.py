@@ -2,8 +2,9 @@
 
 A contribution is announced, then arrives chunk by chunk; each whole payload is checked
 outside the lock and staged in the round's aggregate under it (held encoded until the
-close, ``coordinator/aggregate.py``); the last chunk commits it and earns an accepted
-receipt. A refused one (late, already counted) gets a refused receipt and its chunks are
+close, ``coordinator/aggregate.py``); the last chunk (the header's count) or its
+``ContributionEnd`` (a streamed one, whose count comes last) commits it and earns an
+accepted receipt. A refused one (late, already counted) gets a refused receipt and its chunks are
 counted off and discarded; one the round closes under is withdrawn, so the sum is as if
 it never came.
 """
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from skyfed import failpoints
+from skyfed import allocator, failpoints
 from skyfed.coordinator.aggregate import Contribution
 from skyfed.coordinator.status_codes import status_code
 from skyfed.errors import (
@@ -26,7 +27,7 @@ from skyfed.errors import (
     ProtocolError,
 )
 from skyfed.proto.chunks import Assembler
-from skyfed.wire import Announce, Chunk, ChunkKind, Receipt
+from skyfed.wire import MAX_CHUNKS, Announce, Chunk, ChunkKind, ContributionEnd, Receipt
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_CHUNKS = 1 << 24
 TRANSFERS_KEPT = 4
 """Rounds of a session's exchange bytes kept until its agent reports their timing."""
 
@@ -42,10 +42,12 @@ TRANSFERS_KEPT = 4
 @dataclass(eq=False, slots=True)
 class Inbound:
     """One contribution arriving on one session. Without an ``entry`` it was refused:
-    its ``expected`` chunks of ``round`` are counted off and discarded."""
+    its ``expected`` chunks of ``round`` are counted off and discarded (a streamed one's,
+    ``expected`` None, up to its ``ContributionEnd``)."""
 
     round: int
-    expected: int
+    expected: int | None
+    """Chunks announced; None: streamed, counted by its ``ContributionEnd``."""
     entry: Contribution | None = None
     """Its entry in the round's aggregate."""
     assembler: Assembler | None = None
@@ -61,12 +63,18 @@ class Inbound:
         return self.entry is not None and not self.entry.done
 
     @property
-    def left(self) -> int:
-        return self.expected - self.seen
+    def left(self) -> int | None:
+        """Chunks still to come (None: streamed, until its end)."""
+        return None if self.expected is None else self.expected - self.seen
+
+    @property
+    def discarding(self) -> bool:
+        """Refused, and chunks of it may still come."""
+        return self.entry is None and (self.expected is None or self.seen < self.expected)
 
     def discards(self, chunk: Chunk) -> bool:
         """True, counting it off, for a chunk of this refused contribution."""
-        if self.entry is None and self.seen < self.expected and chunk.round == self.round:
+        if self.discarding and chunk.round == self.round:
             self.seen += 1
             return True
         return False
@@ -100,7 +108,7 @@ class Intake:
                     f"round {header.round} closed before this contribution arrived; round "
                     f"{fed.round} is open (keep it in the error-feedback residual)"
                 )
-                self.refuse(session, header.round, header.chunks, late)
+                self.refuse(session, header.round, header.chunks or None, late)
                 return
             if session.last_round == fed.round:
                 raise ProtocolError(f"a second contribution for round {fed.round}")
@@ -109,11 +117,15 @@ class Intake:
                     f"an earlier session of {session.key} already contributed to round "
                     f"{fed.round}; drop this work, it would count the same data twice"
                 )
-                self.refuse(session, header.round, header.chunks, again)
+                self.refuse(session, header.round, header.chunks or None, again)
                 return
+            if fed.aggregate.committed == 0 and not self._arriving():
+                # The round's first upload: the last broadcast's chunk buffers, sent by
+                # now, go back before this round's payloads take memory (docs/scale.md).
+                allocator.trim()
             session.inbound = Inbound(
                 round=header.round,
-                expected=header.chunks,
+                expected=header.chunks or None,
                 entry=fed.aggregate.begin(self._weight(session, header.samples), session.key),
                 assembler=Assembler(
                     kind=ChunkKind.GRADIENT,
@@ -129,6 +141,10 @@ class Intake:
             fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
             fed.stats.raw_bytes_up += header.raw_bytes
             session.raw_bytes_up += header.raw_bytes
+
+    def _arriving(self) -> bool:
+        """Some contribution is arriving now (the caller holds the lock)."""
+        return any(s.inbound is not None and s.inbound.open for s in self.fed.sessions.values())
 
     def _timed(self, session: Session, header: Announce) -> None:
         """The agent's timing of its last exchange: the link's efficiency in that round
@@ -165,9 +181,12 @@ class Intake:
             )
         return min(samples, cap)
 
-    def refuse(self, session: Session, round_: int, chunks: int, err: FederationError) -> None:
-        """Refuse a contribution in-band: the session goes on, its chunks are discarded.
-        The caller holds the lock."""
+    def refuse(
+        self, session: Session, round_: int, chunks: int | None, err: FederationError
+    ) -> None:
+        """Refuse a contribution in-band: the session goes on, its ``chunks`` are
+        discarded (None: every chunk up to its ``ContributionEnd``). The caller holds the
+        lock."""
         session.inbound = Inbound(round=round_, expected=chunks)
         session.refused += 1
         log.info(
@@ -198,15 +217,39 @@ class Intake:
             raise ProtocolError("a chunk arrived outside an announced contribution")
         payload = inbound.assembler.add(chunk)
         inbound.seen += 1
+        if inbound.seen > (inbound.expected or MAX_CHUNKS):
+            raise ProtocolError(f"a contribution of more than {MAX_CHUNKS} chunks")
         if payload is not None:
             inbound.sum_squares += inbound.entry.check(payload)
             with fed.cond:
                 inbound.entry.stage(payload)
             failpoints.reached("upload", inbound.round)
         if inbound.seen == inbound.expected:
-            if inbound.assembler.mid_payload:
-                raise ProtocolError("the contribution's last chunk ends inside a payload")
-            self._finish(session, inbound)
+            self._last_chunk(session, inbound)
+
+    def end(self, session: Session, end: ContributionEnd) -> None:
+        """A streamed contribution's end: its count must be what arrived; commits it."""
+        fed = self.fed
+        with fed.cond:
+            inbound = session.inbound
+            refused = inbound is not None and inbound.entry is None
+            if refused and inbound.expected is None and inbound.round == end.round:
+                session.inbound = None  # refused while it streamed: all of it is counted off
+                return
+        if inbound is None or inbound.entry is None or inbound.expected is not None:
+            raise ProtocolError("a contribution's end arrived outside a streamed contribution")
+        if end.round != inbound.round or end.chunks != inbound.seen:
+            raise ProtocolError(
+                f"the contribution to round {end.round} ends at {end.chunks} chunks; "
+                f"{inbound.seen} of round {inbound.round} arrived"
+            )
+        self._last_chunk(session, inbound)
+
+    def _last_chunk(self, session: Session, inbound: Inbound) -> None:
+        assert inbound.assembler is not None
+        if inbound.assembler.mid_payload:
+            raise ProtocolError("the contribution's last chunk ends inside a payload")
+        self._finish(session, inbound)
 
     def _finish(self, session: Session, inbound: Inbound) -> None:
         fed = self.fed
@@ -266,7 +309,5 @@ def _check(header: Announce, open_round: int) -> None:
         raise ProtocolError(
             f"contribution for round {header.round}, but round {open_round} is open"
         )
-    if header.chunks < 1 or header.chunks > MAX_CHUNKS:
-        raise ProtocolError(f"contribution announces {header.chunks} chunks")
     if header.samples < 1:
         raise ProtocolError(f"a contribution must count at least 1 sample, got {header.samples}")

@@ -166,8 +166,8 @@ class Rounds:
         return fed.outer.step_into(tensor, out, len(fed.spec))
 
     def _stream(self, payloads: Iterable[Payload], sessions: list[Session]) -> int:
-        """Queue every payload's chunks for every session as each payload is made (one
-        converted message per chunk, shared); the number of chunks."""
+        """Queue every payload's chunks for every session as each payload is made (each
+        chunk converted and serialized once, its bytes shared); the number of chunks."""
         fed, sent = self.fed, 0
         for payload in payloads:
             for chunk in cut(
@@ -177,7 +177,7 @@ class Rounds:
                 first_seq=sent,
                 max_chunk_bytes=fed.config.max_chunk_bytes,
             ):
-                encoded = serde.coordinator_message_to_proto(chunk)
+                encoded = serde.serialized(serde.coordinator_message_to_proto(chunk))
                 for s in sessions:
                     s.send_encoded(encoded)
                 sent += 1

@@ -22,7 +22,7 @@ from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
-from skyfed.wire import Announce, Chunk, Heartbeat, Hello
+from skyfed.wire import AgentMessage, Announce, Chunk, ContributionEnd, Heartbeat, Hello
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,9 @@ class FederationServicer(pb_grpc.FederationServicer):
             for data in requests:
                 session.last_seen = time.monotonic()
                 message = serde.parse(pb.AgentMessage, data)
-                session.merge.add(message.order, message, _held_size(message))
+                # Held out of order, it weighs its bytes as received (reading the
+                # chunk's data to measure it would copy the data).
+                session.merge.add(message.order, message, len(data))
         except FederationError as exc:
             self._refused(session, exc)
             return
@@ -148,7 +150,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 if message.WhichOneof("body") != "chunk" or not message.order:
                     raise ProtocolError("a stripe carries numbered chunks only")
                 session.last_seen = time.monotonic()
-                session.merge.add(message.order, message, _held_size(message))
+                session.merge.add(message.order, message, len(data))
         except FederationError as exc:
             self._refused(session, exc)
         except grpc.RpcError:
@@ -173,9 +175,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close(status_code(exc), str(exc))
 
-    def _handle(
-        self, session: Session, message: Hello | Announce | Chunk | Heartbeat | None
-    ) -> None:
+    def _handle(self, session: Session, message: AgentMessage | None) -> None:
         fed = self.federation
         if isinstance(message, Hello):
             fed.admission.join(session, message)
@@ -183,6 +183,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             fed.intake.begin(session, message)
         elif isinstance(message, Chunk):
             fed.intake.chunk(session, message)
+        elif isinstance(message, ContributionEnd):
+            fed.intake.end(session, message)
         elif isinstance(message, Heartbeat):
             fed.links.heartbeat(session, message)
             session.outbox.acked(message.received)
@@ -203,11 +205,6 @@ class FederationServicer(pb_grpc.FederationServicer):
         return serde.status_to_proto(self.federation.status(windows=parsed.windows))
 
 
-def _held_size(message: pb.AgentMessage) -> int:
-    """What a message weighs while it waits out of order: its chunk's data, or its size."""
-    return len(message.chunk.data) if message.HasField("chunk") else message.ByteSize()
-
-
 def serve_federation(
     server: grpc.Server,
     federation: Federation,
@@ -225,12 +222,12 @@ def serve_federation(
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session,
             request_deserializer=None,
-            response_serializer=pb.CoordinatorMessage.SerializeToString,
+            response_serializer=serde.coordinator_message_bytes,
         ),
         "Stripe": grpc.stream_stream_rpc_method_handler(
             servicer.Stripe,
             request_deserializer=None,
-            response_serializer=pb.CoordinatorMessage.SerializeToString,
+            response_serializer=serde.coordinator_message_bytes,
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
             servicer.Status,

@@ -94,9 +94,9 @@ class Session:
         if not self.closed:
             self.send_encoded(serde.coordinator_message_to_proto(message))
 
-    def send_encoded(self, encoded: pb.CoordinatorMessage) -> None:
-        """Queue a message already converted: a broadcast converts each chunk once and
-        queues the same message on every session (one copy of the aggregate, not one per
+    def send_encoded(self, encoded: pb.CoordinatorMessage | serde.Serialized) -> None:
+        """Queue a message already converted: a broadcast serializes each chunk once and
+        queues the same bytes on every session (one copy of the aggregate, not one per
         agent)."""
         if not self.closed:
             self.bytes_down += serde.wire_size(encoded)

@@ -107,6 +107,14 @@ class Contribution(_message.Message):
     timing: ExchangeTiming
     def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., samples: _Optional[int] = ..., loss: _Optional[float] = ..., train_s: _Optional[float] = ..., raw_bytes: _Optional[int] = ..., timing: _Optional[_Union[ExchangeTiming, _Mapping]] = ...) -> None: ...
 
+class ContributionEnd(_message.Message):
+    __slots__ = ("round", "chunks")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    chunks: int
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
 class ExchangeTiming(_message.Message):
     __slots__ = ("round", "up_s", "down_s", "codec_s", "streams")
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -222,20 +230,22 @@ class StripeJoin(_message.Message):
     def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "contribution", "chunk", "heartbeat", "stripe_join", "order")
+    __slots__ = ("hello", "contribution", "chunk", "heartbeat", "stripe_join", "contribution_end", "order")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     STRIPE_JOIN_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTION_END_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     contribution: Contribution
     chunk: Chunk
     heartbeat: Heartbeat
     stripe_join: StripeJoin
+    contribution_end: ContributionEnd
     order: int
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., stripe_join: _Optional[_Union[StripeJoin, _Mapping]] = ..., order: _Optional[int] = ...) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., stripe_join: _Optional[_Union[StripeJoin, _Mapping]] = ..., contribution_end: _Optional[_Union[ContributionEnd, _Mapping]] = ..., order: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("welcome", "chunk", "receipt", "round_end", "weights_end", "heartbeat", "order")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from google.protobuf.message import Message
 
+from skyfed.proto.serde import Serialized, numbered
 from skyfed.proto.stripes import Kind, Lane, Spread
 
 KINDS = {"heartbeat": Kind.BEAT, "chunk": Kind.CHUNK}
@@ -34,13 +35,15 @@ class Outbox:
     """
 
     def __init__(self) -> None:
-        self.spread: Spread[Message] = Spread(ordered=False)
+        self.spread: Spread[Message | Serialized] = Spread(ordered=False)
         self._primary = self.spread.lane(primary=True)
 
-    def put(self, message: Message) -> None:
+    def put(self, message: Message | Serialized) -> None:
         """Queue ``message`` (an ``AgentMessage`` or ``CoordinatorMessage``, owned by this
-        outbox from now on); once the outbox is closed, drop it."""
-        self.spread.put(message, KINDS.get(message.WhichOneof("body"), Kind.CONTROL))
+        outbox from now on, or a message serialized once for several outboxes); once the
+        outbox is closed, drop it."""
+        body = message.body if isinstance(message, Serialized) else message.WhichOneof("body")
+        self.spread.put(message, KINDS.get(body, Kind.CONTROL))
 
     def start_striping(self) -> None:
         """Number every message put from now on: the session may stripe."""
@@ -58,7 +61,7 @@ class Outbox:
         """End the streams once what is queued has been sent."""
         self.spread.close()
 
-    def __iter__(self) -> Iterator[Message]:
+    def __iter__(self) -> Iterator[Message | Serialized]:
         """The primary lane's messages in sending order, until the outbox is closed and
         empty (the request or response iterator that gRPC drains)."""
         return _stamped(self._primary)
@@ -68,19 +71,21 @@ class StripeLane:
     """One further connection's share of an outbox: iterate it for the messages to send;
     :meth:`end` when the connection ends, so its unacknowledged chunks go on the others."""
 
-    def __init__(self, lane: Lane[Message]) -> None:
+    def __init__(self, lane: Lane[Message | Serialized]) -> None:
         self.lane = lane
         self.index = lane.index
 
-    def __iter__(self) -> Iterator[Message]:
+    def __iter__(self) -> Iterator[Message | Serialized]:
         return _stamped(self.lane)
 
     def end(self) -> None:
         self.lane.end()
 
 
-def _stamped(lane: Lane[Message]) -> Iterator[Message]:
+def _stamped(lane: Lane[Message | Serialized]) -> Iterator[Message | Serialized]:
     for position, message in lane:
-        if position:
+        if position and isinstance(message, Serialized):
+            message = numbered(message, position)  # shared: stamp a copy
+        elif position:
             message.order = position
         yield message

@@ -9,7 +9,7 @@ at the stream. Our field names are the messages' own, so most conversions copy b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from google.protobuf import json_format
@@ -25,6 +25,7 @@ from skyfed.wire import (
     AgentMessage,
     Announce,
     Chunk,
+    ContributionEnd,
     CoordinatorMessage,
     ExchangeTiming,
     Heartbeat,
@@ -90,6 +91,8 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     if isinstance(m, Announce):
         timing = None if m.timing is None else _to_proto(pb.ExchangeTiming, m.timing)
         return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m, timing=timing))
+    if isinstance(m, ContributionEnd):
+        return pb.AgentMessage(contribution_end=_to_proto(pb.ContributionEnd, m))
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
@@ -124,6 +127,8 @@ def _agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
         c = m.contribution
         timing = _from_proto(ExchangeTiming, c.timing) if c.HasField("timing") else None
         return _from_proto(Announce, c, timing=timing)
+    if kind == "contribution_end":
+        return _from_proto(ContributionEnd, m.contribution_end)
     if kind == "hello":
         h = m.hello
         return _from_proto(
@@ -182,9 +187,35 @@ def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessa
     return None
 
 
-def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage) -> int:
+@dataclass(frozen=True, slots=True)
+class Serialized:
+    """A message serialized once, queued as is on every session of a broadcast: each
+    aggregate chunk is converted and serialized one time, not once per agent (and no
+    shared message is stamped by several sessions' senders at once)."""
+
+    data: bytes
+    body: str
+    """The message's ``body`` field (how an outbox routes it)."""
+
+
+def serialized(m: pb.CoordinatorMessage) -> Serialized:
+    return Serialized(m.SerializeToString(), m.WhichOneof("body") or "")
+
+
+def numbered(m: Serialized, position: int) -> Serialized:
+    """``m`` with ``order = position``: a serialized message followed by another's bytes
+    parses as their merge, and the later scalar wins."""
+    return Serialized(m.data + pb.CoordinatorMessage(order=position).SerializeToString(), m.body)
+
+
+def coordinator_message_bytes(m: pb.CoordinatorMessage | Serialized) -> bytes:
+    """What the session streams send (their response serializer)."""
+    return m.data if isinstance(m, Serialized) else m.SerializeToString()
+
+
+def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage | Serialized) -> int:
     """The message's encoded bytes (what a session's byte counters add)."""
-    return m.ByteSize()
+    return len(m.data) if isinstance(m, Serialized) else m.ByteSize()
 
 
 # ---- status --------------------------------------------------------------------------------

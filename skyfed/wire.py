@@ -119,12 +119,22 @@ class Announce:
 
     round: int
     chunks: int
+    """Chunks that follow; 0: streamed, the count comes in its :class:`ContributionEnd`
+    (the first chunks leave before the last tensor is encoded, docs/scale.md, Streams)."""
     samples: int
     loss: float = 0.0
     train_s: float = 0.0
     raw_bytes: int = 0
     timing: ExchangeTiming | None = None
     """The agent's last exchange, as it timed it (efficiency only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContributionEnd:
+    """Ends a streamed contribution (its header's ``chunks`` was 0): the chunks it sent."""
+
+    round: int
+    chunks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +148,7 @@ class Heartbeat:
     """Striped sessions: every position up to this one has arrived (proto/stripes.py)."""
 
 
-AgentMessage = Hello | Announce | Chunk | Heartbeat
+AgentMessage = Hello | Announce | Chunk | Heartbeat | ContributionEnd
 
 # ---- coordinator to agent ------------------------------------------------------------------
 
@@ -227,6 +237,8 @@ MAX_TENSORS = 1 << 17
 MAX_DIMS = 8
 MAX_DIM = 1 << 40
 MAX_TP = 4096
+MAX_CHUNKS = 1 << 24
+"""Chunks of one contribution (16 TB at the 1 MiB default chunk)."""
 MAX_LIST = 16
 """Entries of ``codecs`` and ``exchanges``."""
 
@@ -275,10 +287,16 @@ def _check_hello(m: Hello) -> None:
 
 def _check_announce(m: Announce) -> None:
     _int_in("contribution.round", m.round, 0, MAX_ROUND)
+    _int_in("contribution.chunks", m.chunks, 0, MAX_CHUNKS)
     _int_in("contribution.samples", m.samples, 1, MAX_SAMPLES)
     _finite_in("contribution.loss", m.loss, -1e30, 1e30)
     _finite_in("contribution.train_s", m.train_s, 0.0, MAX_TRAIN_S)
     _int_in("contribution.raw_bytes", m.raw_bytes, 0, MAX_RAW_BYTES)
+
+
+def _check_contribution_end(m: ContributionEnd) -> None:
+    _int_in("contribution_end.round", m.round, 0, MAX_ROUND)
+    _int_in("contribution_end.chunks", m.chunks, 1, MAX_CHUNKS)
 
 
 def _check_chunk(m: Chunk) -> None:
@@ -303,6 +321,7 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     Announce: _check_announce,
     Chunk: _check_chunk,
     Heartbeat: _check_heartbeat,
+    ContributionEnd: _check_contribution_end,
 }
 
 

@@ -7,6 +7,7 @@ import pytest
 from skyfed.compression.monitor import Window
 from skyfed.coordinator.status import AgentStatus, RoundStats, Status
 from skyfed.fingerprint import TensorInfo
+from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.wire import (
     Announce,
@@ -83,3 +84,25 @@ def test_status_survives_its_json_file():
     stats = RoundStats(3, duration_s=1.5, train_s=1.0, contributors=2, mean_loss=2.5)
     status = Status(4, [agent], "ab" * 32, 30.0, [stats], False, "gradient")
     assert serde.status_from_json(serde.status_to_json(status)) == status
+
+
+def test_a_message_serialized_once_is_numbered_per_session_without_changing_it():
+    chunk = Chunk(
+        kind=1,
+        round=3,
+        tensor=2,
+        shard=None,
+        codec="fp16",
+        seq=7,
+        part=0,
+        parts=1,
+        data=b"\x01\x02",
+        crc32=9,
+    )
+    shared = serde.serialized(serde.coordinator_message_to_proto(chunk))
+    assert shared.body == "chunk" and serde.wire_size(shared) == len(shared.data)
+    numbered = serde.numbered(shared, 41)
+    parsed = pb.CoordinatorMessage.FromString(serde.coordinator_message_bytes(numbered))
+    assert parsed.order == 41 and serde.coordinator_message_from_proto(parsed) == chunk
+    plain = pb.CoordinatorMessage.FromString(serde.coordinator_message_bytes(shared))
+    assert plain.order == 0 and serde.coordinator_message_from_proto(plain) == chunk

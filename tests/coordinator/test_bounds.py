@@ -73,6 +73,22 @@ def test_contribution_with_overflowing_raw_bytes_is_refused_and_rounds_go_on(
         ),
         (pb.AgentMessage(chunk=pb.Chunk(round=0, kind=7)), "chunk.kind"),
         (pb.AgentMessage(chunk=pb.Chunk(round=0, codec="x" * 1000)), "chunk.codec"),
+        (
+            pb.AgentMessage(contribution=pb.Contribution(round=0, chunks=U32, samples=1)),
+            "contribution.chunks",
+        ),
+        (
+            pb.AgentMessage(contribution_end=pb.ContributionEnd(round=0, chunks=U32)),
+            "contribution_end.chunks",
+        ),
+        (
+            pb.AgentMessage(contribution_end=pb.ContributionEnd(round=0, chunks=0)),
+            "contribution_end.chunks",
+        ),
+        (
+            pb.AgentMessage(contribution_end=pb.ContributionEnd(round=-1, chunks=1)),
+            "contribution_end.round",
+        ),
     ],
     ids=[
         "samples-u32",
@@ -85,6 +101,10 @@ def test_contribution_with_overflowing_raw_bytes_is_refused_and_rounds_go_on(
         "shard-dim",
         "chunk-kind",
         "codec-long",
+        "chunks-u32",
+        "end-chunks-u32",
+        "end-no-chunks",
+        "end-round-negative",
     ],
 )
 def test_field_out_of_bounds_is_invalid_argument_naming_the_field(serve, raw_agent, message, field):

@@ -86,3 +86,31 @@ def test_coordinator_refuses_a_checkpoint_of_another_model(serve, tmp_path):
     checkpoint.save(tmp_path / "ckpt", Checkpoint(0, "other-model", [], None))
     with pytest.raises(RuntimeError, match="is for model other-model"):
         serve(checkpoint_dir=tmp_path / "ckpt")
+
+
+def test_a_dropped_checkpoint_file_is_overwritten_by_the_next_one(tmp_path: Path):
+    writer = checkpoint.CheckpointWriter(tmp_path, keep=2)
+    inodes = []
+    for r in range(6):
+        ckpt = _ckpt(r, residual=r % 2 == 0)  # sizes differ: a recycled file is cut to size
+        writer.submit(ckpt, weights_digest(ckpt.weights))
+        writer.wait_written()
+        inodes.append(checkpoint.path_for(tmp_path, r).stat().st_ino)
+        writer.close()  # durable: the file beyond the newest two becomes the spare
+    assert len(set(inodes)) < len(inodes), "no file was reused"
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == [
+        checkpoint.path_for(tmp_path, r).name for r in (4, 5)
+    ]
+    for r in (4, 5):
+        assert _same(checkpoint.read(checkpoint.path_for(tmp_path, r)), _ckpt(r, r % 2 == 0))
+
+
+def test_a_file_whose_footer_names_another_round_is_skipped(tmp_path: Path):
+    checkpoint.save(tmp_path, _ckpt(1))
+    old = checkpoint.save(tmp_path, _ckpt(2))
+    # A recycled file torn before any of its new bytes reached the disk: round 2's bytes
+    # under round 3's name must not pass for round 3, nor outrank round 2's own file.
+    os.replace(old, checkpoint.path_for(tmp_path, 3))
+    checkpoint.save(tmp_path, _ckpt(2))
+    loaded = checkpoint.load(tmp_path)
+    assert loaded is not None and loaded.round == 2
