@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -10,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
+
+from skyfed.compression.norms import all_finite, squared_norm
 
 if TYPE_CHECKING:
     from skyfed.compression.frame import PayloadBuffer
@@ -83,18 +84,16 @@ class Codec(ABC):
     ) -> float:
         """Check a payload as a receiver must before counting it (the frame against the
         expected shape, as :meth:`decode` does, and every decoded value finite) and return
-        the decoded tensor's squared L2 norm (summed in float64).
+        the decoded tensor's squared L2 norm (:func:`~skyfed.compression.norms.squared_norm`).
 
         ``out``/``shape`` as for :meth:`decode`; ``out`` is the scratch dense codecs decode
         into. Raises :class:`PayloadError` for a payload that does not decode or holds
         NaN or Inf. Top-k checks and sums its ``k`` values only (no dense tensor).
         """
         values = self.decode(payload, out, shape=shape)
-        if values.numel():
-            low, high = torch.aminmax(values)  # NaN propagates; Inf shows in one of them
-            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
-                raise PayloadError("payload holds NaN or Inf values")
-        return float(torch.linalg.vector_norm(values, dtype=torch.float64)) ** 2
+        if not all_finite(values):
+            raise PayloadError("payload holds NaN or Inf values")
+        return squared_norm(values)
 
     def encode_with_feedback(
         self,

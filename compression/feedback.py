@@ -9,6 +9,7 @@ import torch
 
 from skyfed.compression.base import Codec
 from skyfed.compression.frame import PayloadBuffer
+from skyfed.compression.norms import squared_norm
 
 
 def released(
@@ -42,15 +43,6 @@ def release_share(g: torch.Tensor, residual: torch.Tensor) -> float | None:
     if e_sq <= g_sq:
         return None
     return math.sqrt(g_sq / e_sq)
-
-
-def squared_norm(x: torch.Tensor) -> float:
-    """``sum(x**2)``: a dot product, 2x cheaper than ``vector_norm`` on a large float32
-    tensor (docs/codecs-performance.md)."""
-    if x.dtype != torch.float32:
-        return float(torch.linalg.vector_norm(x.double())) ** 2
-    flat = x.reshape(-1)
-    return float(torch.dot(flat, flat))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from skyfed.compression.base import (
     storage_index,
 )
 from skyfed.compression.fp import fp16_scale, readonly_tensor
+from skyfed.compression.norms import squared_norm
 from skyfed.compression.select import TopKSelector, threshold_pass
 
 # The sparsest payload a decoder accepts: it never allocates more than this many dense
@@ -205,7 +206,7 @@ class TopK(Codec):
         values, and the elements not sent are zeros (``out`` is not needed)."""
         expected = expected_shape(out, shape)
         _, _, values_k = self._parse(payload, expected)
-        return float(torch.linalg.vector_norm(values_k, dtype=torch.float64)) ** 2
+        return squared_norm(values_k)
 
     def _parse(
         self, payload: bytes, shape: tuple[int, ...] | None

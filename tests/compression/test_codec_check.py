@@ -19,8 +19,8 @@ def test_the_checked_squares_are_the_decoded_tensors(name: str, params: dict, nu
     payload = bytes(make_codec(name, **params).encode(x))
     decoded = decode_payload(payload, shape=x.shape)
     want = float(torch.linalg.vector_norm(decoded, dtype=torch.float64)) ** 2
-    assert math.isclose(check_payload(payload, out=torch.empty(numel)), want, rel_tol=1e-12)
-    assert math.isclose(check_payload(payload, shape=x.shape), want, rel_tol=1e-12)
+    assert math.isclose(check_payload(payload, out=torch.empty(numel)), want, rel_tol=1e-5)
+    assert math.isclose(check_payload(payload, shape=x.shape), want, rel_tol=1e-5)
 
 
 @pytest.mark.parametrize(("name", "params"), CODECS)
