@@ -457,9 +457,9 @@ def _same(a: Row, b: Row, any_profile: bool = False) -> bool:
 
 
 def far_worst_line(rows: list[Row]) -> list[str]:
-    """The worst at default settings where the floor is at least 0.1 s: on ``lan`` the
-    floor is milliseconds and the ratio measures the host's CPU, not the link."""
-    far = [r for r in rows if r.default and r.floor_s >= 0.1]
+    """The worst at default settings off ``lan``: there the floor is milliseconds and the
+    ratio measures the host's CPU, not the link."""
+    far = [r for r in rows if r.default and r.profile != "lan"]
     if not far or len(far) == len([r for r in rows if r.default]):
         return []
     worst = max(far, key=lambda r: r.ratio)

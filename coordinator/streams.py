@@ -6,14 +6,16 @@ move N times that until the path itself is full. After each upload the policy co
 the goodput each of the link's N streams achieved with that cap. Streams near it are
 loss-limited: where the operator gave the link's rate, the policy tries at once the N the
 model says fills it (``ceil(rate / cap)``); without a rate, 4 N when the streams move
-their whole cap, 2 N when half of it. A link's rate with no loss measured yet, and
-goodput far below that rate, is limited by windows or slow start, which more streams
-share too: 2 N. A probe is kept only if the link's goodput grew (a full path, or a limit
-elsewhere, shows no growth), and from a kept probe the policy probes again; a probe that
-did not pay goes back, holds, and the next one tries half-way to the N that failed.
-Streams far below their cap have another limit, so it tries half as many and keeps them
-if goodput held. The N changes at a round boundary, as a codec switch does
-(``docs/striping.md``).
+their whole cap, 2 N when half of it. Streams far beyond their cap (BBR, which does not
+back off on random loss) count as loss-limited too: the model does not bind them, but a
+probe costs one round and is kept only if it pays (on transpacific, BBR moved 28 Mbit/s
+on one stream, 40 on four). Below a known rate with no loss measured (yet), windows or
+slow start hold the streams back, which more streams share out too: 2 N. A probe is
+kept only if the link's goodput grew (a full path, or a limit elsewhere, shows no
+growth), and from a kept probe the policy probes again; a probe that did not pay goes
+back, holds, and the next one tries half-way to the N that failed. Streams far below
+their cap have another limit, so it tries half as many and keeps them if goodput held.
+The N changes at a round boundary, as a codec switch does (``docs/striping.md``).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class StreamsConfig:
     ``loss_limited_frac`` and the whole cap."""
     full_frac: float = 0.8
     """Goodput at this fraction of the link's known rate (``link_rate_mbit``) fills the
-    path: no more streams. Below half of it, on a link without measured loss, windows or
-    slow start hold it back, and more streams are tried too."""
+    path: no more streams. Below it, on a link without measured loss, windows or slow
+    start hold the streams back, and more streams are tried too."""
     mss_bytes: int = 1448
     """TCP segment payload the model assumes (1500-byte MTU, IPv4, timestamps)."""
 
@@ -187,7 +189,8 @@ def step(
 def _wider(
     n: int, each: float, cap: float, goodput: float, rate: float, config: StreamsConfig
 ) -> tuple[int, str]:
-    """The N a probe up tries from ``n`` (``n``: none), and why; within ``max_streams``."""
+    """The N a probe up tries from ``n`` (``n``: none), and why; within ``max_streams``.
+    ``cap``: Mathis's (inf where no loss was measured)."""
     most = config.max_streams
     if each >= config.loss_limited_frac * cap:
         why = f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap"
@@ -196,7 +199,7 @@ def _wider(
             return min(most, max(2 * n, model)), f"{why}: {rate:.0f} Mbit/s needs {model}"
         factor = config.jump_factor if each >= cap else 2
         return min(most, factor * n), why
-    if math.isfinite(rate) and not math.isfinite(cap) and goodput < rate / 2:
-        why = f"{goodput:.1f} of {rate:.0f} Mbit/s without measured loss: windows or slow start"
+    if math.isfinite(rate) and not math.isfinite(cap):  # and below full_frac of it
+        why = f"{goodput:.1f} of {rate:.0f} Mbit/s without measured loss: windows, slow start"
         return min(most, 2 * n), why
     return n, ""

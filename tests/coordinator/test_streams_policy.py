@@ -113,6 +113,20 @@ def test_a_link_far_below_its_known_rate_without_measured_loss_tries_more_stream
     assert seen == [1, 2, 4, 8, 16, 16, 16, 16]
 
 
+def test_bbr_streams_beyond_their_cap_are_probed_and_kept_only_where_they_pay():
+    """BBR does not back off on random loss: 88 Mbit/s at 0.5 % where Mathis allows 1.7.
+    More streams are tried (the model cannot say they will not help) and given up when
+    goodput does not grow; a known rate that one stream fills takes none."""
+    seen = run(lambda n: 88.0, 120, 0.5, 8, StreamsConfig(hold_transfers=4))
+    assert seen == [1, 4, 1, 1, 1, 1, 1, 2]  # 4 paid nothing: back, held, half-way
+    assert run(lambda n: 88.0, 120, 0.5, 6, StreamsConfig(), rate_mbit=100.0) == [1] * 6
+
+    def transpacific(n: int) -> float:  # BBR in loss recovery: more streams pay
+        return min(28.0 * n**0.5, 95.0)
+
+    assert run(transpacific, 250, 1.2, 4, StreamsConfig(), rate_mbit=100.0) == [1, 16, 16, 16]
+
+
 def test_a_full_path_takes_no_more_streams():
     cap = mathis_mbit(120, 0.5)
     state = StreamsState(streams=8)
