@@ -10,8 +10,9 @@ their whole cap, 2 N when half of it. Streams far beyond their cap (BBR, which d
 back off on random loss) count as loss-limited too: the model does not bind them, but a
 probe costs one round and is kept only if it pays (on transpacific, BBR moved 28 Mbit/s
 on one stream, 40 on four). Below a known rate with no loss measured (yet), windows or
-slow start hold the streams back, which more streams share out too: 2 N. A probe is
-kept only if the link's goodput grew (a full path, or a limit elsewhere, shows no
+slow start hold the streams back, which more streams share out too: 2 N. A probe up is
+judged on the upload after its first (new connections spend theirs on TLS, the join and
+slow start) and kept only if the link's goodput grew (a full path, or a limit elsewhere, shows no
 growth), and from a kept probe the policy probes again; a probe that did not pay goes
 back, holds, and the next one tries half-way to the N that failed. Streams far below
 their cap have another limit, so it tries half as many and keeps them if goodput held.
@@ -51,6 +52,10 @@ class StreamsConfig:
     (the path's rate, a window, the codec): fewer should do."""
     hold_transfers: int = 4
     """After a probe that did not pay, uploads to wait before probing again."""
+    warmup_transfers: int = 1
+    """Uploads at a probe's larger N that do not judge it: its new connections spend
+    their first round trips on TLS, the join and slow start (on cross-region, 4 new
+    streams' first upload moved what 4 old ones did, their second 2x)."""
     jump_factor: int = 4
     """A probe's N times the current one when each stream moves at least its whole Mathis
     cap (clearly loss-limited) and the link's rate is not known; 2 between
@@ -73,6 +78,8 @@ class StreamsConfig:
         require("streams", 0 < frac <= 1, "loss_limited_frac", frac, "in (0, 1]")
         require("streams", 0 <= idle < frac, "idle_frac", idle, "in [0, loss_limited_frac)")
         require("streams", self.hold_transfers >= 0, "hold_transfers", self.hold_transfers, ">= 0")
+        warm = self.warmup_transfers
+        require("streams", 0 <= warm <= 8, "warmup_transfers", warm, "in 0..8")
         require("streams", 2 <= self.jump_factor <= 16, "jump_factor", self.jump_factor, "in 2..16")
         require("streams", 0.5 < self.full_frac <= 1, "full_frac", self.full_frac, "in (0.5, 1]")
         require(
@@ -94,6 +101,8 @@ class StreamsState:
     failed_at: int = 0
     """The last N a probe up did not pay at (0: none yet): later probes up try half-way
     to it, and it again only from just below it."""
+    warmup: int = 0
+    """Uploads left before the probe in progress is judged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +160,8 @@ def step(
 
     if not (goodput_mbit > 0 and math.isfinite(goodput_mbit)) or math.isnan(cap):
         return decide(state, "nothing measured")
+    if state.probe_from and state.warmup:
+        return decide(replace(state, warmup=state.warmup - 1), f"{n} new streams warming up")
     if state.probe_from:
         base, base_mbit = state.probe_from, state.probe_from_mbit
         up = n > base
@@ -174,8 +185,9 @@ def step(
         if state.failed_at and to >= state.failed_at:
             to = max(n + 1, (n + state.failed_at) // 2)  # half-way to the N that did not pay
         if to > n:
+            warm = config.warmup_transfers
             probe = replace(state, streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
-            return decide(probe, why)
+            return decide(replace(probe, warmup=warm), why)
     # Without measured loss a known rate decides (more streams shared out a window or slow
     # start, and kept them only because they paid); the cap decides otherwise.
     windowed = math.isinf(cap) and math.isfinite(rate)
