@@ -10,7 +10,8 @@ their whole cap, 2 N when half of it. Streams far beyond their cap (BBR, which d
 back off on random loss) count as loss-limited too: the model does not bind them, but a
 probe costs one round and is kept only if it pays (on transpacific, BBR moved 28 Mbit/s
 on one stream, 40 on four). Below a known rate with no loss measured (yet), windows or
-slow start hold the streams back, which more streams share out too: 2 N. A probe up is
+slow start hold the streams back (or the loss is not seen yet), which more streams
+share out too: the N that carries the rate at the streams' goodput. A probe up is
 judged on the upload after its first (new connections spend theirs on TLS, the join and
 slow start) and kept only if the link's goodput grew (a full path, or a limit elsewhere, shows no
 growth), and from a kept probe the policy probes again; a probe that did not pay goes
@@ -63,7 +64,8 @@ class StreamsConfig:
     full_frac: float = 0.8
     """Goodput at this fraction of the link's known rate (``link_rate_mbit``) fills the
     path: no more streams. Below it, on a link without measured loss, windows or slow
-    start hold the streams back, and more streams are tried too."""
+    start hold the streams back (or loss not seen yet), and the policy tries the N that
+    would carry the rate at the streams' goodput."""
     mss_bytes: int = 1448
     """TCP segment payload the model assumes (1500-byte MTU, IPv4, timestamps)."""
 
@@ -212,6 +214,9 @@ def _wider(
         factor = config.jump_factor if each >= cap else 2
         return min(most, factor * n), why
     if math.isfinite(rate) and not math.isfinite(cap):  # and below full_frac of it
-        why = f"{goodput:.1f} of {rate:.0f} Mbit/s without measured loss: windows, slow start"
-        return min(most, 2 * n), why
+        # No loss seen yet (a few hundred probes may hold none at 0.5 %), or windows and
+        # slow start: the streams that would carry the rate at this stream's goodput.
+        model = math.ceil(rate / each)
+        why = f"{goodput:.1f} of {rate:.0f} Mbit/s without measured loss needs {model} streams"
+        return min(most, max(2 * n, model)), why
     return n, ""

@@ -114,10 +114,13 @@ def test_a_clean_link_stays_on_one_plain_stream():
 
 
 def test_a_link_far_below_its_known_rate_without_measured_loss_tries_more_streams():
-    """Windows or slow start hold one stream to 5 of 100 Mbit/s; streams share them out
-    until the path is full (80 %)."""
-    seen = run(lambda n: min(5.0 * n, 100.0), 120, 0.0, 8, cold(), rate_mbit=100.0)
-    assert seen == [1, 2, 4, 8, 16, 16, 16, 16]
+    """Windows or slow start (or loss that 78 probes did not catch: the lab's first round
+    on cross-region) hold one stream to 5 of 100 Mbit/s: try the N that carries the rate
+    at that, within max_streams; then the path is full (80 %)."""
+    seen = run(lambda n: min(5.0 * n, 100.0), 120, 0.0, 5, cold(), rate_mbit=100.0)
+    assert seen == [1, 16, 16, 16, 16]
+    seen = run(lambda n: min(5.0 * n, 100.0), 120, 0.0, 5, cold(max_streams=4), rate_mbit=100.0)
+    assert seen == [1, 4, 4, 4, 4]
 
 
 def test_bbr_streams_beyond_their_cap_are_probed_and_kept_only_where_they_pay():
