@@ -2,12 +2,17 @@
 
     sudo python bench/stripes.py                               # cross-region, N = 1..32, auto
     sudo python bench/stripes.py --profile transpacific --streams 1,4,16 --rounds 4
+    sudo python bench/stripes.py --task 'skyfed.tasks.examples:wide?params=1M' \
+        --max-chunk-bytes 65536 --streams 1,16,auto,auto-norate --rounds 6
     python bench/stripes.py --loopback --streams 1,4,16  # no lab: what striping costs in CPU
 
 Builds a network lab (root, network namespaces) with one agent on ``--profile`` and, for
 each N, runs a federation of ``--rounds`` rounds of FP32 chargpt (548 kB each way a round)
 with its streams fixed at N (``[streams] min_streams = max_streams = N``), or, for
-``auto``, chosen by the monitor up to ``--max-streams``. Each agent times its exchanges
+``auto``, chosen by the monitor up to ``--max-streams`` (``auto`` with the link's rate
+given as ``--link-rate-mbit``, ``auto-norate`` without it: Mathis's cap alone).
+``--task`` and ``--max-chunk-bytes`` make transfers large enough to be past slow start
+and cut into enough chunks for N streams (docs/striping.md). Each agent times its exchanges
 (``docs/striping.md``); the table gives, over the rounds after the first, the median
 goodput of the exchange (its bytes over its time), the median exchange, its floor at the
 profile's rate and their ratio, and the N the rounds ran on. The measurement behind the
@@ -39,7 +44,9 @@ def run(lab: Lab, streams: str, args: argparse.Namespace, work: Path, port: int)
     """One federation at ``streams`` (a number, or ``auto``); its timed exchanges."""
     work.mkdir()
     config, status = streams_config(streams, args, work), work / "status.json"
-    rate = lab.link(AGENT).profile.rate_mbit
+    rate = lab.link(AGENT).profile.rate_mbit if streams != "auto-norate" else 0
+    task = ("--task", args.task) if args.task else ()
+    chunks = ("--max-chunk-bytes", str(args.max_chunk_bytes)) if args.max_chunk_bytes else ()
     spec = FederationSpec(
         rounds=args.rounds,
         round_deadline_s=600.0,
@@ -47,8 +54,10 @@ def run(lab: Lab, streams: str, args: argparse.Namespace, work: Path, port: int)
         coordinator_args=(
             *("--config", str(config), "--codec", "fp32", "--status-file", str(status)),
             *(("--link-rate-mbit", str(rate)) if rate else ()),
+            *task,
+            *chunks,
         ),
-        agent_args=("--max-streams", "64"),  # the coordinator's bound decides
+        agent_args=("--max-streams", "64", *task),  # the coordinator's bound decides
     )
     fed = Federation(lab, spec, work)
     fed.start()
@@ -61,7 +70,8 @@ def run(lab: Lab, streams: str, args: argparse.Namespace, work: Path, port: int)
 
 
 def streams_config(streams: str, args: argparse.Namespace, work: Path) -> Path:
-    least, most = ("1", args.max_streams) if streams == "auto" else (streams, streams)
+    auto = streams.startswith("auto")
+    least, most = ("1", args.max_streams) if auto else (streams, streams)
     config = work / "coordinator.toml"
     config.write_text(f"[streams]\nmin_streams = {least}\nmax_streams = {most}\n")
     return config
@@ -107,6 +117,8 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8,16,32,auto", help="N per run, or auto.")
     parser.add_argument("--max-streams", default="16", help="The bound of the auto runs.")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--task", help="The task of coordinator and agent (default chargpt).")
+    parser.add_argument("--max-chunk-bytes", type=int, help="The coordinator's chunk size.")
     parser.add_argument("--timeout-s", type=float, default=420.0)
     parser.add_argument("--loopback", action="store_true", help="127.0.0.1, no lab, no root.")
     args = parser.parse_args()
@@ -129,9 +141,13 @@ def main() -> None:
         for report in check_lab(lab, CheckSettings(probes=2000, rate_duration_s=1.0)):
             print(report.summary())
         print(f"\n{header}\n|---|---|---|---|---|---|")
+        rounds = []
         for i, streams in enumerate(args.streams.split(",")):
             result = run(lab, streams, args, Path(tmp) / f"n{streams}", 7443 + i)
             print(row(result), flush=True)
+            each = (f"{x['streams']} @ {float(x['goodputMbit']):.1f}" for x in result["links"])
+            rounds.append(f"{streams}: " + ", ".join(each))
+        print("\nper round from round 1 (N @ goodput Mbit/s):\n" + "\n".join(rounds))
 
 
 if __name__ == "__main__":

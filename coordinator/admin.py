@@ -61,7 +61,7 @@ def agents_table(snap: Snapshot) -> Table:
             a["state"],
             a["codec"],
             str(a["codec_switches"]),
-            str(a["streams"]),
+            f"{a['streams']}/{a['stream_switches']}",
             str(a["last_round"]),
             f"{a['rtt_ms']:.1f}",
             f"{a['loss_pct']:.2f}",
@@ -70,7 +70,8 @@ def agents_table(snap: Snapshot) -> Table:
             f"{a['bytes_down'] / 1e6:.1f}",
         )
     table.caption = (
-        "rtt in ms; sw: codec switches; N: TCP connections; Mb/s: goodput; jitter, refusals: --json"
+        "rtt in ms; sw: codec switches; N: TCP connections/changes of N; Mb/s: goodput; "
+        "jitter, refusals: --json"
     )
     return table
 

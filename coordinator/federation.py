@@ -86,6 +86,7 @@ class Federation:
             config.monitor,
             [t.numel for t in self.spec],
             config.streams,
+            rate_mbit=config.link_rate_mbit,
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
         self.outer = OuterOptimizer(config.outer)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig
+from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig, one_way_loss_pct
 from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
 from skyfed.coordinator import streams as stream_policy
 from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 """The coordinator's ``codec`` that lets the link policy choose per link."""
 PROFILE_MAX_NUMEL = 1 << 22
+STREAM_LOSS_PROBES = 4000
+"""Probes the N policy's loss figure spans, about (then older counts weigh half): a few
+hundred probes hold one or two lost ones at 0.5 % loss, too few for the EWMA of 2 s
+windows to judge, so the stream policy counts over minutes instead."""
 STREAM_RTT_AFTER_S = 2.0
 """With no probe report for this long (no probe, an agent from before round trips rode on
 it, or a path that drops them), the heartbeats' own round trip stands in."""
@@ -73,9 +77,15 @@ class LinkState:
         monitor: MonitorConfig,
         profiles: dict[str, CodecProfile] | None,
         streams: StreamsConfig | None = None,
+        rate_mbit: float = 0.0,
     ) -> None:
         self.policy, self.profiles = policy, profiles
         self.streams_config = streams or StreamsConfig()
+        self.rate_mbit = rate_mbit
+        """The link's rate as the operator gave it (``link_rate_mbit``; 0: not known)."""
+        self.probe_counts = (0.0, 0.0)
+        """Probes settled and lost on this link over about ``STREAM_LOSS_PROBES``: the
+        N policy's loss figure, kept across the agent's sessions."""
         self.streams = StreamsState(streams=self.streams_config.min_streams)
         """How many connections the policy wants the link's session on, and its probe.
         Kept across the agent's sessions, as the codec is."""
@@ -127,8 +137,20 @@ class LinkState:
             lost = lost_total - self._lost
             if settled >= 0 and lost >= 0:
                 self.monitor.add_probes(now_s, settled, lost)
+                self._count_probes(settled, lost)
                 self._settled, self._lost = beat.probes_settled, lost_total
             self._advance(now_s)
+
+    def _count_probes(self, settled: int, lost: int) -> None:
+        total, gone = self.probe_counts
+        total, gone = total + settled, gone + lost
+        if total > STREAM_LOSS_PROBES:  # forget slowly: loss on a path changes over minutes
+            total, gone = total / 2, gone / 2
+        self.probe_counts = (total, gone)
+
+    def stream_loss_pct(self) -> float:
+        """One-way loss over the link's last few thousand probes (nan before any)."""
+        return one_way_loss_pct(*self.probe_counts)
 
     def _bounded_lost(self, beat: Heartbeat) -> int:
         key = self.probe
@@ -177,9 +199,26 @@ class LinkState:
         self.best_mbit = max(self.best_mbit, goodput_mbit)
         if connections != self.streams.streams:
             return
-        stats = self.monitor.stats()
         decision = stream_policy.step(
-            self.streams, goodput_mbit, stats.rtt_ms, stats.loss_pct, self.streams_config
+            self.streams,
+            goodput_mbit,
+            self.monitor.stats().rtt_ms,
+            self.stream_loss_pct(),
+            self.streams_config,
+            rate_mbit=self.rate_mbit,
+        )
+        log.debug(
+            "[Coordinator.Streams] step streams=%d next=%d rtt_ms=%.1f loss_pct=%.2f "
+            "probes=%.0f goodput_mbit=%.2f cap_mbit=%.2f rate_mbit=%.0f reason=%s",
+            self.streams.streams,
+            decision.state.streams,
+            decision.rtt_ms,
+            decision.loss_pct,
+            self.probe_counts[0],
+            goodput_mbit,
+            decision.cap_mbit,
+            decision.rate_mbit,
+            decision.reason,
         )
         if decision.state.streams != self.streams.streams:
             self.streams_decided = decision
@@ -210,12 +249,14 @@ class Links:
         monitor: MonitorConfig,
         sizes: list[int],
         streams: StreamsConfig | None = None,
+        rate_mbit: float = 0.0,
     ):
         """``sizes``: the model's tensors, in elements (the cost policy times its codecs
-        on them)."""
+        on them); ``rate_mbit``: every link's rate where the operator knows it (0: not)."""
         self.fixed = None if codec == AUTO else codec
         self.policy, self.monitor = policy, monitor
         self.streams_config = streams or StreamsConfig()
+        self.rate_mbit = rate_mbit
         self.profiles: dict[str, CodecProfile] | None = None
         if self.fixed is None and policy.mode == "cost":
             self.profiles = _profiles(policy, sizes)
@@ -240,7 +281,7 @@ class Links:
         link = self._links.get(session.key)
         if link is None:
             link = self._links[session.key] = LinkState(
-                self.policy, self.monitor, self.profiles, self.streams_config
+                self.policy, self.monitor, self.profiles, self.streams_config, self.rate_mbit
             )
         link.restart()
         if self.echo is not None:
@@ -277,8 +318,8 @@ class Links:
                 session.key,
                 session.streams,
                 wanted,
-                stats.rtt_ms,
-                stats.loss_pct,
+                decision.rtt_ms if decision else stats.rtt_ms,
+                decision.loss_pct if decision else stats.loss_pct,
                 decision.goodput_mbit if decision else math.nan,
                 decision.cap_mbit if decision else math.nan,
                 decision.reason if decision else "",

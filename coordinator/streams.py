@@ -3,11 +3,21 @@
 One loss-based TCP stream moves at most about ``MSS / RTT x 1.22 / sqrt(p)`` (Mathis et
 al. 1997), whatever the path's rate: at 120 ms and 0.5 % loss, 1.7 Mbit/s. N streams
 move N times that until the path itself is full. After each upload the policy compares
-the goodput each of the link's N streams achieved with that cap: streams near it are
-loss-limited, so it tries twice as many, and keeps them only if the link's goodput grew
-(a path that is already full, or a limit elsewhere, shows no growth); streams far below
-it have another limit, so it tries half as many and keeps them if goodput held. The N
-changes at a round boundary, as a codec switch does (``docs/striping.md``).
+the goodput each of the link's N streams achieved with that cap. Streams near it are
+loss-limited: where the operator gave the link's rate, the policy tries at once the N the
+model says fills it (``ceil(rate / cap)``); without a rate, 4 N when the streams move
+their whole cap, 2 N when half of it. Streams far beyond their cap (BBR, which does not
+back off on random loss) count as loss-limited too: the model does not bind them, but a
+probe costs one round and is kept only if it pays (on transpacific, BBR moved 28 Mbit/s
+on one stream, 40 on four). Below a known rate with no loss measured (yet), windows or
+slow start hold the streams back (or the loss is not seen yet), which more streams
+share out too: the N that carries the rate at the streams' goodput. A probe up is
+judged on the upload after its first (new connections spend theirs on TLS, the join and
+slow start) and kept only if the link's goodput grew (a full path, or a limit elsewhere, shows no
+growth), and from a kept probe the policy probes again; a probe that did not pay goes
+back, holds, and the next one tries half-way to the N that failed. Streams far below
+their cap have another limit, so it tries half as many and keeps them if goodput held.
+The N changes at a round boundary, as a codec switch does (``docs/striping.md``).
 """
 
 from __future__ import annotations
@@ -43,6 +53,19 @@ class StreamsConfig:
     (the path's rate, a window, the codec): fewer should do."""
     hold_transfers: int = 4
     """After a probe that did not pay, uploads to wait before probing again."""
+    warmup_transfers: int = 1
+    """Uploads at a probe's larger N that do not judge it: its new connections spend
+    their first round trips on TLS, the join and slow start (on cross-region, 4 new
+    streams' first upload moved what 4 old ones did, their second 2x)."""
+    jump_factor: int = 4
+    """A probe's N times the current one when each stream moves at least its whole Mathis
+    cap (clearly loss-limited) and the link's rate is not known; 2 between
+    ``loss_limited_frac`` and the whole cap."""
+    full_frac: float = 0.8
+    """Goodput at this fraction of the link's known rate (``link_rate_mbit``) fills the
+    path: no more streams. Below it, on a link without measured loss, windows or slow
+    start hold the streams back (or loss not seen yet), and the policy tries the N that
+    would carry the rate at the streams' goodput."""
     mss_bytes: int = 1448
     """TCP segment payload the model assumes (1500-byte MTU, IPv4, timestamps)."""
 
@@ -57,6 +80,10 @@ class StreamsConfig:
         require("streams", 0 < frac <= 1, "loss_limited_frac", frac, "in (0, 1]")
         require("streams", 0 <= idle < frac, "idle_frac", idle, "in [0, loss_limited_frac)")
         require("streams", self.hold_transfers >= 0, "hold_transfers", self.hold_transfers, ">= 0")
+        warm = self.warmup_transfers
+        require("streams", 0 <= warm <= 8, "warmup_transfers", warm, "in 0..8")
+        require("streams", 2 <= self.jump_factor <= 16, "jump_factor", self.jump_factor, "in 2..16")
+        require("streams", 0.5 < self.full_frac <= 1, "full_frac", self.full_frac, "in (0.5, 1]")
         require(
             "streams", 500 <= self.mss_bytes <= 9000, "mss_bytes", self.mss_bytes, "in 500..9000"
         )
@@ -73,6 +100,11 @@ class StreamsState:
     """The link's goodput at ``probe_from``."""
     hold: int = 0
     """Uploads left before the next probe."""
+    failed_at: int = 0
+    """The last N a probe up did not pay at (0: none yet): later probes up try half-way
+    to it, and it again only from just below it."""
+    warmup: int = 0
+    """Uploads left before the probe in progress is judged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +116,10 @@ class Decision:
     cap_mbit: float
     """Mathis's cap for one stream at the link's RTT and loss (inf without loss)."""
     reason: str
+    rtt_ms: float = math.nan
+    loss_pct: float = math.nan
+    rate_mbit: float = math.nan
+    """The link's rate the step went by (nan: not known)."""
 
 
 def mathis_mbit(rtt_ms: float, loss_pct: float, mss_bytes: int = 1448) -> float:
@@ -112,39 +148,75 @@ def step(
     rtt_ms: float,
     loss_pct: float,
     config: StreamsConfig,
+    rate_mbit: float = math.nan,
 ) -> Decision:
     """One upload's step: ``goodput_mbit`` is what the link moved over ``state.streams``
-    streams, at the link's current ``rtt_ms`` and ``loss_pct``."""
+    streams, at the link's current ``rtt_ms`` and ``loss_pct``; ``rate_mbit`` is the
+    link's rate where the operator knows it (nan, or 0: not known)."""
     cap = mathis_mbit(rtt_ms, loss_pct, config.mss_bytes)
+    rate = rate_mbit if math.isfinite(rate_mbit) and rate_mbit > 0 else math.nan
     n, grow = state.streams, 1 + config.grow_pct / 100
 
     def decide(next_: StreamsState, reason: str) -> Decision:
-        return Decision(next_, goodput_mbit, cap, reason)
+        return Decision(next_, goodput_mbit, cap, reason, rtt_ms, loss_pct, rate)
 
     if not (goodput_mbit > 0 and math.isfinite(goodput_mbit)) or math.isnan(cap):
         return decide(state, "nothing measured")
+    if state.probe_from and state.warmup:
+        return decide(replace(state, warmup=state.warmup - 1), f"{n} new streams warming up")
     if state.probe_from:
         base, base_mbit = state.probe_from, state.probe_from_mbit
         up = n > base
         paid = goodput_mbit >= base_mbit * grow if up else goodput_mbit * grow > base_mbit
         if not paid:
-            held = StreamsState(streams=base, hold=config.hold_transfers)
+            failed = n if up else state.failed_at
+            held = StreamsState(streams=base, hold=config.hold_transfers, failed_at=failed)
             return decide(
                 held,
                 f"{n} streams moved {goodput_mbit:.1f} Mbit/s against {base_mbit:.1f} at {base}",
             )
-        state = StreamsState(streams=n)
+        state = StreamsState(streams=n, failed_at=state.failed_at if n < state.failed_at else 0)
         if not up:
             return decide(state, f"{n} streams hold {goodput_mbit:.1f} Mbit/s as {base} did")
     if state.hold:
         return decide(replace(state, hold=state.hold - 1), "holding after a probe")
     each = goodput_mbit / n
-    if n < config.max_streams and each >= config.loss_limited_frac * cap:
-        to = min(config.max_streams, 2 * n)
-        probe = StreamsState(streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
-        return decide(probe, f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap")
-    if n > config.min_streams and each < config.idle_frac * cap:
+    full = goodput_mbit >= config.full_frac * rate  # False while the rate is not known
+    if n < config.max_streams and not full:
+        to, why = _wider(n, each, cap, goodput_mbit, rate, config)
+        if state.failed_at and to >= state.failed_at:
+            to = max(n + 1, (n + state.failed_at) // 2)  # half-way to the N that did not pay
+        if to > n:
+            warm = config.warmup_transfers
+            probe = replace(state, streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
+            return decide(replace(probe, warmup=warm), why)
+    # Without measured loss a known rate decides (more streams shared out a window or slow
+    # start, and kept them only because they paid); the cap decides otherwise.
+    windowed = math.isinf(cap) and math.isfinite(rate)
+    if n > config.min_streams and each < config.idle_frac * cap and not windowed:
         to = max(config.min_streams, n // 2)
-        probe = StreamsState(streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
+        probe = replace(state, streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
         return decide(probe, f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap")
-    return decide(state, "steady")
+    return decide(state, "the path is full" if full else "steady")
+
+
+def _wider(
+    n: int, each: float, cap: float, goodput: float, rate: float, config: StreamsConfig
+) -> tuple[int, str]:
+    """The N a probe up tries from ``n`` (``n``: none), and why; within ``max_streams``.
+    ``cap``: Mathis's (inf where no loss was measured)."""
+    most = config.max_streams
+    if each >= config.loss_limited_frac * cap:
+        why = f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap"
+        if math.isfinite(rate):  # Mathis's N for the whole rate (cap is finite here)
+            model = math.ceil(rate / cap)
+            return min(most, max(2 * n, model)), f"{why}: {rate:.0f} Mbit/s needs {model}"
+        factor = config.jump_factor if each >= cap else 2
+        return min(most, factor * n), why
+    if math.isfinite(rate) and not math.isfinite(cap):  # and below full_frac of it
+        # No loss seen yet (a few hundred probes may hold none at 0.5 %), or windows and
+        # slow start: the streams that would carry the rate at this stream's goodput.
+        model = math.ceil(rate / each)
+        why = f"{goodput:.1f} of {rate:.0f} Mbit/s without measured loss needs {model} streams"
+        return min(most, max(2 * n, model)), why
+    return n, ""

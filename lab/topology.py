@@ -57,6 +57,10 @@ class LabSpec:
     """Private block used only inside the lab's namespaces; the coordinator is its .0.1."""
     mechanism: str = "auto"
     """``auto`` (netem where the kernel has it, else tun), ``netem`` or ``tun``."""
+    initcwnd: int = 0
+    """Initial congestion and receive windows, in segments, of the links' routes on both
+    ends (``ip route ... initcwnd N initrwnd N``; 0: the kernel's, 10). A real host can set
+    the same per route (docs/wan.md)."""
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -68,6 +72,8 @@ class LabSpec:
             raise ValueError(f"invalid agents: {len(self.agents)} (at most 250)")
         if self.mechanism not in ("auto", "netem", "tun"):
             raise ValueError(f"invalid mechanism: {self.mechanism!r}")
+        if not 0 <= self.initcwnd <= 1024:
+            raise ValueError(f"invalid initcwnd: {self.initcwnd!r} (0..1024 segments)")
 
     def coordinator_addr(self) -> IPv4Address:
         """The coordinator's service address (on its loopback, reachable over every link)."""
@@ -163,6 +169,8 @@ class Lab:
         # gRPC's Python API offers no socket hook, a route metric reaches every socket.
         allow_congestion_control(profile.congestion)
         cc = ["congctl", "lock", profile.congestion]
+        if self.spec.initcwnd:
+            cc += ["initcwnd", str(self.spec.initcwnd), "initrwnd", str(self.spec.initcwnd)]
         a.ns.ip("route", "add", str(self.spec.network), "via", str(coord_addr), "dev", "wan0", *cc)
         coord.ip("route", "replace", str(agent_addr), "dev", b.dev, "src", str(coord_addr), *cc)
 

@@ -35,3 +35,18 @@ def test_welcome_and_status_name_the_federations_exchange(serve, raw_agent, pki)
     assert (welcome.exchange, welcome.sgd_lr, welcome.sgd_momentum) == ("gradient", 0.05, 0.9)
     status = fetch_status(f"localhost:{running.port}", pki.directory, "coordinator")
     assert status.exchange == "gradient"
+
+
+def test_the_agents_table_shows_each_links_n_and_its_changes_of_n(serve, raw_agent, pki):
+    from rich.console import Console
+
+    from skyfed.coordinator.admin import agents_table, fetch_snapshot
+
+    running = serve(probe_port=-1)
+    join(raw_agent(running.port, "aws-1"), "aws", "aws-1")
+    snap = fetch_snapshot(f"localhost:{running.port}", pki.directory, "coordinator")
+    snap["agents"][0] |= {"streams": 16, "stream_switches": 2}  # as after 1 -> 4 -> 16
+    console = Console(width=100, record=True)
+    console.print(agents_table(snap))
+    text = console.export_text()
+    assert "16/2" in text and "N: TCP connections/changes of N" in text
