@@ -10,6 +10,7 @@ for the digest) therefore always line up. With one rank (``Solo``) nothing is br
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -186,6 +187,10 @@ class Site:
         mine = self.uplink.encode(round, built, self._take_delta())
         if self.trainer.momentum is not None:  # only gradient exchange needs it decoded
             self.trainer.sent(self.uplink.sent(round), built)
+        if self.group.world > 1:
+            # Payloads cross ranks pickled, and the codecs hand out memoryviews of their
+            # reused buffers (docs/codecs-performance.md), which do not pickle.
+            mine = [dataclasses.replace(p, data=bytes(p.data)) for p in mine]
         gathered = self.group.gather(mine)
         payloads = [p for per_rank in gathered for p in per_rank]
         return sorted(payloads, key=lambda p: (p.tensor, p.shard[1] if p.shard else 0))

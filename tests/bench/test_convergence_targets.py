@@ -15,14 +15,19 @@ RATIO_STEPS = re.compile(r"([\d.]+)x ±\s*[\d.]+\s+([\d.]+)x ±\s*[\d.]+$")
 LAST = re.compile(r"^best bytes-to-target ratio: \d+x \(H=\d+ \w+ .+\) at \d+\.\dx the steps$")
 
 
-def test_quick_to_target_prints_both_tasks_tables_and_the_best_ratio():
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--to-target", "--quick", "--jobs", "2"],
+def _bench(*args: str, timeout: int, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """``bench/convergence.py`` run as a user runs it, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(BENCH), *args],
         capture_output=True,
         text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+        timeout=timeout,
+        check=check,
+    )
+
+
+def test_quick_to_target_prints_both_tasks_tables_and_the_best_ratio():
+    out = _bench("--to-target", "--quick", "--jobs", "2", timeout=120, check=True).stdout
     lines = out.strip().splitlines()
     for task in ("chargpt", "digits"):
         header = next(i for i, line in enumerate(lines) if line.startswith(f"{task}: target"))
@@ -44,35 +49,24 @@ def test_quick_to_target_prints_both_tasks_tables_and_the_best_ratio():
 
 
 def test_unknown_task_is_a_one_line_usage_error():
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--to-target", "--tasks", "mnist"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _bench("--to-target", "--tasks", "mnist", timeout=60)
     assert done.returncode == 2
     assert "--tasks 'mnist': choose from chargpt, digits" in done.stderr.splitlines()[-1]
 
 
 def test_configs_option_runs_only_the_named_configurations_at_the_given_sizes():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--to-target",
-            "--tasks",
-            "digits",
-            "--steps",
-            "4,digits=8",
-            "--seeds",
-            "0",
-            "--cap",
-            "2",
-            "--configs",
-            "H=4 sgd:lr=1.5 ecsgd 2-bit b128; H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit",
-        ],
-        capture_output=True,
-        text=True,
+    out = _bench(
+        "--to-target",
+        "--tasks",
+        "digits",
+        "--steps",
+        "4,digits=8",
+        "--seeds",
+        "0",
+        "--cap",
+        "2",
+        "--configs",
+        "H=4 sgd:lr=1.5 ecsgd 2-bit b128; H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit",
         timeout=120,
         check=True,
     ).stdout
@@ -93,30 +87,19 @@ def test_configs_option_runs_only_the_named_configurations_at_the_given_sizes():
     ],
 )
 def test_a_bad_configuration_is_a_one_line_usage_error(configs, message):
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--to-target", "--configs", configs],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _bench("--to-target", "--configs", configs, timeout=60)
     assert done.returncode == 2
     assert message in done.stderr.splitlines()[-1]
 
 
 def test_payloads_prints_each_codecs_bytes_with_its_framing_and_indices():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--to-target",
-            "--payloads",
-            "--tasks",
-            "digits",
-            "--configs",
-            "H=1 sgd fp32; H=1 sgd topk 1% 2-bit; H=1 sgd ecsgd 2-bit b128",
-        ],
-        capture_output=True,
-        text=True,
+    out = _bench(
+        "--to-target",
+        "--payloads",
+        "--tasks",
+        "digits",
+        "--configs",
+        "H=1 sgd fp32; H=1 sgd topk 1% 2-bit; H=1 sgd ecsgd 2-bit b128",
         timeout=60,
         check=True,
     ).stdout
