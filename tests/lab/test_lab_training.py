@@ -64,7 +64,10 @@ def test_cross_region_training_finishes_with_identical_agents(
 def test_partition_longer_than_the_round_deadline_then_rejoin(
     make_lab: Callable[..., Lab], tmp_path: Path
 ) -> None:
-    spec = FederationSpec(rounds=8, round_deadline_s=3.0, quorum=2)
+    # Once the coordinator has dropped the partitioned agent, the other two close a round
+    # every ~0.25 s; 14 rounds leave the agent several of them to rejoin in (8 left it a
+    # race it lost on 2 runs of 6 once rounds got faster).
+    spec = FederationSpec(rounds=14, round_deadline_s=3.0, quorum=2)
     lab, fed = start(make_lab, "intra-region", spec, tmp_path)
     deadline = time.monotonic() + 120
     while not fed.rounds() and time.monotonic() < deadline:
