@@ -28,6 +28,14 @@ TASK = "skyfed.tasks.examples:wide?params=1M"
 ROUNDS = 6
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "#20 x #21 at merge: on the wan2 branch 16 streams moved 11-18 Mbit/s (4.8x one); "
+        "with #21's streamed uplink merged (its header announces 0 chunks) 16 streams moved "
+        "3.0 Mbit/s, what one does (bench/results/2026-12-01-suite-session13.md)"
+    ),
+)
 def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
     make_lab: Callable[..., Lab], tmp_path: Path
 ) -> None:
