@@ -48,7 +48,7 @@ def cut_each(
     payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int
 ) -> Iterator[Chunk]:
     """:func:`cut_all`'s chunks one at a time, so each can be sent (and its copy of the
-    data dropped) before the next is cut; :func:`count_chunks` says how many come."""
+    data dropped) before the next is cut."""
     seq = 0
     for payload in payloads:
         for chunk in cut(
@@ -56,11 +56,6 @@ def cut_each(
         ):
             seq += 1
             yield chunk
-
-
-def count_chunks(payloads: list[Payload], max_chunk_bytes: int) -> int:
-    """How many chunks :func:`cut_each` makes of ``payloads`` (an empty payload is one)."""
-    return sum(max(1, -(-len(p.data) // max_chunk_bytes)) for p in payloads)
 
 
 class Assembler:
