@@ -152,6 +152,8 @@ class Link:
         if isinstance(message, Chunk):
             self.bytes_up += len(message.data)
         elif isinstance(message, Announce):
+            if self.stripes is not None:  # lanes of the last resize: connected first
+                self.stripes.wait_ready()
             message = replace(message, timing=self._clock.sent(message.round, self.streams))
         self._outbox.put(serde.agent_message_to_proto(message))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -23,6 +24,11 @@ from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
 
 log = logging.getLogger(__name__)
+
+READY_WAIT_S = 5.0
+"""How long a contribution waits at most for the lanes opened at the last resize to
+connect (TCP, TLS and HTTP/2: two or three round trips); a lane still connecting then
+carries its share once it is up."""
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Stripes:
         self.fail = fail
         self._lock = threading.Lock()
         self._open: dict[int, _Open] = {}
+        self._connecting: dict[int, grpc.Future] = {}
+        """Lanes opened since the last :meth:`wait_ready`: the futures of their channels'
+        connections."""
         self._closed = False
         self.ended = 0
         """Lanes that ended under the session (a connection that died)."""
@@ -76,10 +85,39 @@ class Stripes:
                 self._open.pop(index).lane.end()  # its stream ends; what it held goes on
         log.info("[Agent.Stripe] streams=%d", streams)
 
+    def wait_ready(self, timeout_s: float = READY_WAIT_S) -> None:
+        """Wait (up to ``timeout_s``) until the lanes opened since the last call are
+        connected. A lane takes one chunk before its connection is up and no more, while
+        the primary's transport takes chunks as fast as its windows and socket buffers
+        let it: a transfer that starts right after a resize otherwise went almost whole
+        on the primary, at one stream's rate (docs/striping.md)."""
+        with self._lock:
+            connecting, self._connecting = self._connecting, {}
+        if not connecting:
+            return
+        started, late = time.monotonic(), 0
+        for index, ready in connecting.items():
+            with self._lock:
+                if index not in self._open:
+                    continue  # ended meanwhile: nothing to wait for
+            try:
+                ready.result(timeout=max(0.0, started + timeout_s - time.monotonic()))
+            except grpc.FutureTimeoutError:
+                late += 1
+        log.info(
+            "[Agent.Stripe] lanes=%d connected=%d wait_s=%.2f",
+            len(connecting),
+            len(connecting) - late,
+            time.monotonic() - started,
+        )
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             lanes, self._open = list(self._open.values()), {}
+            connecting, self._connecting = list(self._connecting.values()), {}
+        for ready in connecting:
+            ready.cancel()
         for each in lanes:
             each.lane.end()
             each.call.cancel()
@@ -93,6 +131,7 @@ class Stripes:
             target=self._read, args=(lane.index, call), name=f"stripe-{lane.index}", daemon=True
         )
         self._open[lane.index] = _Open(lane, channel, call, reader)
+        self._connecting[lane.index] = grpc.channel_ready_future(channel)
         reader.start()
 
     def _requests(self, lane: StripeLane) -> Iterator[pb.AgentMessage]:

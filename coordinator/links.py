@@ -181,15 +181,17 @@ class LinkState:
         with self.lock:
             if math.isfinite(train_s) and train_s >= 0:
                 self.train_s = train_s
-            nbytes = 0
+            nbytes, goodput_mbit = 0, math.nan
             if self._upload is not None:
                 t0, b0 = self._upload
                 nbytes, seconds = bytes_up - b0, now_s - t0
                 self.monitor.add_transfer(now_s, nbytes, seconds)
                 if connections and nbytes >= max(1, self.monitor.config.min_goodput_bytes):
-                    self._choose_streams(nbytes * 8 / seconds / 1e6, connections)
+                    goodput_mbit = nbytes * 8 / seconds / 1e6
             self._upload = None
-            self._advance(now_s)
+            self._advance(now_s)  # first: the N step sees the RTT of the windows that ended
+            if math.isfinite(goodput_mbit):
+                self._choose_streams(goodput_mbit, connections)
             return nbytes
 
     def _choose_streams(self, goodput_mbit: float, connections: int) -> None:
@@ -202,7 +204,7 @@ class LinkState:
         decision = stream_policy.step(
             self.streams,
             goodput_mbit,
-            self.monitor.stats().rtt_ms,
+            self.rtt_ms(),
             self.stream_loss_pct(),
             self.streams_config,
             rate_mbit=self.rate_mbit,
@@ -237,6 +239,17 @@ class LinkState:
     def stats(self) -> LinkStats:
         with self.lock:
             return self.monitor.stats()
+
+    def rtt_ms(self) -> float:
+        """The link's smoothed RTT, or before any window with one closed, the latest
+        sample (nan: none yet). A first upload that fills one stream can end before the
+        first window does: the agent's echo that times the link waits behind its chunks,
+        and without this the N policy measured nothing on it and the link stayed on one
+        stream a round longer (docs/striping.md). The caller holds the lock."""
+        rtt_ms = self.monitor.stats().rtt_ms
+        if not math.isfinite(rtt_ms) and self.monitor.rtt_samples:
+            rtt_ms = self.monitor.rtt_samples[-1][1]
+        return rtt_ms
 
 
 class Links:
@@ -337,9 +350,8 @@ class Links:
         if link is None or sent is None or not (timing.up_s >= 0 and timing.down_s >= 0):
             return None
         stats = link.stats()
-        rtt_ms = stats.rtt_ms
-        if not math.isfinite(rtt_ms) and link.monitor.rtt_samples:
-            rtt_ms = link.monitor.rtt_samples[-1][1]  # no window closed yet: the latest
+        with link.lock:
+            rtt_ms = link.rtt_ms()
         exchange = Exchange(
             round=timing.round,
             up_s=timing.up_s,

@@ -212,3 +212,24 @@ def test_a_links_change_of_n_is_logged_with_its_figures_and_counted_at_the_bound
         link.upload_begins(i * nbytes, t0 + 100.0 * i)
         link.upload_done(i * nbytes + 2 * nbytes, t0 + 100.0 * i + 1, connections=4)
         assert links.streams_at_boundary(session) == (4 if i == 2 else 8)  # then: kept, 2 x
+
+
+def test_a_first_upload_that_ends_before_the_first_window_still_chooses_n():
+    """The lab's first upload on one stream can end before the monitor's first 2 s window
+    closes (the agent's echo that times the link waits behind its chunks): the step goes
+    by the latest round trip, not "nothing measured", so the link does not stay on one
+    stream a round longer."""
+    links = Links("fp32", PolicyConfig(), MonitorConfig(), [1000], StreamsConfig(max_streams=16))
+    ident = Identity(trust_domain="skyfed.local", role="agent", name="aws-1", cloud="aws")
+    session = Session(ident, "ipv4:127.0.0.1:1")
+    session.stripe_token, session.max_streams = b"t" * 16, 16
+    link = links.open(session, 0)
+    t0 = time.monotonic()
+    assert MonitorConfig().window_s > 1.5  # the upload below ends inside the first window
+    link.monitor.add_rtt(t0 + 1.2, 120.0)
+    link.probe_counts = (40, 0)  # no lost probe yet: the known rate decides
+    link.rate_mbit = 100.0
+    link.upload_begins(0, t0 + 0.1)
+    link.upload_done(4_000_000, t0 + 1.5, connections=1)  # 23 Mbit/s of 100
+    assert link.monitor.windows == 0
+    assert links.streams_at_boundary(session) == 5  # ceil(100 / 23)
