@@ -28,14 +28,6 @@ TASK = "skyfed.tasks.examples:wide?params=1M"
 ROUNDS = 6
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "#20 x #21 at merge: on the wan2 branch 16 streams moved 11-18 Mbit/s (4.8x one); "
-        "merged with #21's streamed uplink they moved 3-7 Mbit/s, and 3 runs gave 1.0x, "
-        "2.2x and one pass: flaky until fixed (bench/results/2026-12-01-suite-session13.md)"
-    ),
-)
 def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
     make_lab: Callable[..., Lab], tmp_path: Path
 ) -> None:
