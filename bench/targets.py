@@ -11,7 +11,10 @@ A codec's compression ratio is not what a user pays; bytes (and steps) to a loss
 reference is data parallelism as all-reduce runs it: every step, every site's gradient
 goes up in FP32 and the mean comes back in FP32, and the task's optimizer steps on it
 (``Exchange.data_parallel_step``). Its held-out loss after S steps, seed by seed, is the
-target. Every configuration (local steps, outer optimizer, codec) then runs the
+target: the point target, one evaluation at S, and the smoothed target, the mean of its
+11 evaluations at S - 5e ... S + 5e (e = 2 % of S), which estimates the same curve at S
+without the one draw's noise. Each has its table; the per-seed table after them gives
+both targets and each configuration's steps to each. Every configuration (local steps, outer optimizer, codec) then runs the
 federation's round (``convergence.Exchange``: each site's codec with its own error
 feedback, the mean, the coordinator's :class:`~skyfed.coordinator.outer.OuterOptimizer`,
 the downlink's codec with the coordinator's error feedback) until its held-out loss
@@ -19,13 +22,14 @@ reaches the target, or the step cap. Each evaluation of the held-out loss is the
 over 10 fixed held-out batches (chargpt) or over all held-out images (digits), the same
 batches every time, so two evaluations differ only by the weights.
 
-The table gives, per configuration, the seeds that reached the target, the payload bytes
+Each table gives, per configuration, the seeds that reached the target, the payload bytes
 up and down to it (the uplink of every site, the broadcast once per site), the ratio of
 the reference's bytes to those (per seed, then mean ± standard error), and the steps of
 local compute to the target as a multiple of S. The last line names the configuration
 with the largest ratio (the smaller over both tasks) among those that reached the target
 on every seed of every task within 1.5x the steps; if none did, the largest ratio at any
-step count, with its step multiple.
+step count, with its step multiple. The last line is the smoothed target's; the line
+before it the point target's.
 """
 
 from __future__ import annotations
