@@ -7,6 +7,7 @@ from pathlib import Path
 
 from skyfed.agent.placement import LAUNCHERS
 from skyfed.validate import require
+from skyfed.wire import MAX_LOCAL_STEPS
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -81,7 +82,7 @@ class AgentConfig:
         if not self.name:
             self.name = f"{self.cloud}-1"
         checks = [
-            (self.local_steps >= 1, "local_steps", ">= 1"),
+            (1 <= self.local_steps <= MAX_LOCAL_STEPS, "local_steps", f"in 1..{MAX_LOCAL_STEPS}"),
             (self.rounds >= 0, "rounds", ">= 0"),
             (self.tp >= 1, "tp", ">= 1"),
             (self.num_shards >= 1, "num_shards", ">= 1"),

@@ -170,6 +170,7 @@ class Agent:
             weights_digest=self.site.digest(),
             exchanges=EXCHANGES,
             max_streams=self.config.max_streams,
+            local_steps=self.config.local_steps,
         )
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)

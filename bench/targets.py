@@ -11,7 +11,10 @@ A codec's compression ratio is not what a user pays; bytes (and steps) to a loss
 reference is data parallelism as all-reduce runs it: every step, every site's gradient
 goes up in FP32 and the mean comes back in FP32, and the task's optimizer steps on it
 (``Exchange.data_parallel_step``). Its held-out loss after S steps, seed by seed, is the
-target. Every configuration (local steps, outer optimizer, codec) then runs the
+target: the point target, one evaluation at S, and the smoothed target, the mean of its
+11 evaluations at S - 5e ... S + 5e (e = 2 % of S), which estimates the same curve at S
+without the one draw's noise. Each has its table; the per-seed table after them gives
+both targets and each configuration's steps to each. Every configuration (local steps, outer optimizer, codec) then runs the
 federation's round (``convergence.Exchange``: each site's codec with its own error
 feedback, the mean, the coordinator's :class:`~skyfed.coordinator.outer.OuterOptimizer`,
 the downlink's codec with the coordinator's error feedback) until its held-out loss
@@ -19,13 +22,14 @@ reaches the target, or the step cap. Each evaluation of the held-out loss is the
 over 10 fixed held-out batches (chargpt) or over all held-out images (digits), the same
 batches every time, so two evaluations differ only by the weights.
 
-The table gives, per configuration, the seeds that reached the target, the payload bytes
+Each table gives, per configuration, the seeds that reached the target, the payload bytes
 up and down to it (the uplink of every site, the broadcast once per site), the ratio of
 the reference's bytes to those (per seed, then mean ± standard error), and the steps of
 local compute to the target as a multiple of S. The last line names the configuration
 with the largest ratio (the smaller over both tasks) among those that reached the target
 on every seed of every task within 1.5x the steps; if none did, the largest ratio at any
-step count, with its step multiple.
+step count, with its step multiple. The last line is the smoothed target's; the line
+before it the point target's.
 """
 
 from __future__ import annotations
@@ -168,15 +172,24 @@ QUICK = Sizes(
 )
 
 
+SMOOTH = 5  # the smoothed target: the mean of DP's evaluations S-5e ... S+5e (e: eval_every)
+TARGETS = ("point", "smoothed")  # the target's definitions, each with its table
+
+
 @dataclass(frozen=True, slots=True)
 class Reference:
-    target: float  # held-out loss after S steps
+    target: float  # held-out loss after S steps (the point target)
     bytes: int  # both ways, over the S steps
     framing: int  # of those, the frames' headers
+    smoothed: float = math.nan  # the mean of the 2 * SMOOTH + 1 evaluations centred on S
+
+    def of(self, kind: str) -> float:
+        """The target of that definition (:data:`TARGETS`)."""
+        return self.target if kind == "point" else self.smoothed
 
 
 @dataclass(frozen=True, slots=True)
-class Reached:
+class Reached:  # one configuration on one seed, against one target
     steps: int  # local steps of compute when the evaluation first met the target
     bytes_up: int
     bytes_down: int
@@ -186,7 +199,11 @@ class Reached:
 
 
 def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
-    """Per-step FP32 data-parallel training for S steps: the target and its bytes."""
+    """Per-step FP32 data-parallel training for S steps: the target and its bytes. It
+    trains on to S + 5e and evaluates every e steps from S - 5e for the smoothed target:
+    one evaluation at S is one draw of its noisy curve (the data order's, not the held-out
+    set's: that is fixed), and a seed whose draw fell low fails every configuration by
+    that noise alone (docs/outer-optimizer.md)."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     task = load_task(sizes.task(task_key))
@@ -194,14 +211,27 @@ def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
     sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
     exchange = Exchange(sizes.sites, feedback=True)  # FP32 leaves no residual
     fp32 = make_codec("fp32")
-    for _ in range(sizes.steps):
+    every = sizes.eval_every
+    window: list[float] = []
+    point, total, framing = math.nan, 0, 0
+    for step in range(1, sizes.steps + SMOOTH * every + 1):
         exchange.data_parallel_step(fp32, sites)
-    total = exchange.bytes_up + exchange.bytes_down
-    return Reference(task.eval_loss(model), total, exchange.bytes_framing)
+        if step == sizes.steps:
+            point = task.eval_loss(model)
+            total, framing = exchange.bytes_up + exchange.bytes_down, exchange.bytes_framing
+            window.append(point)
+        elif abs(step - sizes.steps) <= SMOOTH * every and (step - sizes.steps) % every == 0:
+            window.append(task.eval_loss(model))
+    return Reference(point, total, framing, statistics.fmean(window))
 
 
-def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float) -> Reached:
-    """One configuration's rounds until its held-out loss is at most ``target``."""
+Trajectory = list[Reached]  # every evaluation of one run, in order (``reached`` unset)
+
+
+def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float) -> Trajectory:
+    """One configuration's rounds until its held-out loss is at most ``target`` (the lower
+    of the definitions'), every evaluation on the way: :func:`first` reads off when each
+    definition's target was met."""
     local_steps, outer, codec_label = config
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -211,28 +241,38 @@ def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float)
     exchange = Exchange(sizes.sites, feedback=True, outer=OuterOptimizer(outer_settings(outer)))
     codec = codec_factory(codec_label)()
     params = dict(model.named_parameters())
-    steps, evaluated, loss = 0, 0, math.inf
+    steps, evaluated = 0, 0
     cap = int(sizes.cap * sizes.steps)
+    evaluations: Trajectory = []
     while steps < cap:
         try:
             step = exchange.average(codec, [s.delta(local_steps) for s in sites])
         except Diverged:
-            return _reached(exchange, steps, False, math.inf)
+            evaluations.append(_reached(exchange, steps, math.inf))
+            return evaluations
         with torch.no_grad():
             for name, u in step.items():
                 params[name].sub_(u)
         steps += local_steps
         if steps - evaluated >= sizes.eval_every or steps >= cap:
             evaluated = steps
-            loss = task.eval_loss(model)
-            if loss <= target:
-                return _reached(exchange, steps, True, loss)
-    return _reached(exchange, steps, False, loss)
+            evaluations.append(_reached(exchange, steps, task.eval_loss(model)))
+            if evaluations[-1].loss <= target:
+                break
+    return evaluations
 
 
-def _reached(exchange: Exchange, steps: int, reached: bool, loss: float) -> Reached:
+def _reached(exchange: Exchange, steps: int, loss: float) -> Reached:
     up, down = exchange.bytes_up, exchange.bytes_down
-    return Reached(steps, up, down, reached, loss, exchange.bytes_framing)
+    return Reached(steps, up, down, False, loss, exchange.bytes_framing)
+
+
+def first(evaluations: Trajectory, target: float) -> Reached:
+    """The first evaluation at or under ``target``, or the last (``reached`` False)."""
+    for e in evaluations:
+        if e.loss <= target:
+            return replace(e, reached=True)
+    return evaluations[-1]
 
 
 def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
@@ -354,42 +394,85 @@ def best(summaries: dict[Config, list[Summary]]) -> str:
 def run(
     sizes: Sizes, tasks: tuple[str, ...], jobs: int, steps: dict[str, int] | None = None
 ) -> None:
-    """The whole grid on every task, printed as it completes; ``steps`` gives a task its
-    own S (the others keep ``sizes.steps``)."""
+    """The whole grid on every task, printed as it completes, once per target definition
+    (:data:`TARGETS`), then each seed's steps to each; ``steps`` gives a task its own S
+    (the others keep ``sizes.steps``)."""
     configs = sizes.grid()
     start = time.perf_counter()
-    summaries: dict[Config, list[Summary]] = {c: [] for c in configs}
+    summaries = {k: {c: list[Summary]() for c in configs} for k in TARGETS}
     sized = {t: replace(sizes, steps=(steps or {}).get(t, sizes.steps)) for t in tasks}
     with ProcessPoolExecutor(jobs) as pool:
         refs = {(t, s): pool.submit(reference, t, s, sized[t]) for t in tasks for s in sizes.seeds}
-        runs: dict[tuple[str, Config, int], Future[Reached]] = {}
+        runs: dict[tuple[str, Config, int], Future[Trajectory]] = {}
         for t in tasks:
             for c in configs:
                 for s in sizes.seeds:
-                    target = refs[t, s].result().target
-                    runs[t, c, s] = pool.submit(reach, t, s, sized[t], c, target)
+                    lowest = min(refs[t, s].result().of(k) for k in TARGETS)
+                    runs[t, c, s] = pool.submit(reach, t, s, sized[t], c, lowest)
         for t in tasks:
             sizes = sized[t]
             ref = [refs[t, s].result() for s in sizes.seeds]
-            target = _mean_se([r.target for r in ref])
-            print(
-                f"\n{t}: target held-out loss {target[0]:.4f} ± {target[1]:.4f} = per-step FP32 "
-                f"data-parallel after S={sizes.steps} steps, {sizes.sites} sites; its bytes to "
-                f"target {ref[0].bytes / 1e6:.3f} MB; cap {sizes.cap:g}x S; seeds {sizes.seeds}"
-                + (f"; task options {sizes.task_options}" if sizes.task_options else "")
-            )
             width = max(26, *(len(label(c)) + 1 for c in configs))
-            print(
-                f"{'configuration':<{width}}{'seeds':>7}{'up MB':>10}{'':>9}{'down MB':>10}{'':>9}"
-                f"{'frames':>7}{'unframed':>11}{'vs FP32 DP':>11}{'':>9}{'steps/S':>8}"
-            )
-            for c in configs:
-                summary, cells = summarize(
-                    ref, [runs[t, c, s].result() for s in sizes.seeds], sizes
+            for kind in TARGETS:
+                target = _mean_se([r.of(kind) for r in ref])
+                what = (
+                    f"after S={sizes.steps} steps"
+                    if kind == "point"
+                    else f"averaged over its {2 * SMOOTH + 1} evaluations S ± {SMOOTH}x"
+                    f"{sizes.eval_every} steps, S={sizes.steps}"
                 )
-                summaries[c].append(summary)
-                print(f"{label(c):<{width}}{cells}", flush=True)
+                print(
+                    f"\n{t}: {'' if kind == 'point' else 'smoothed '}target held-out loss "
+                    f"{target[0]:.4f} ± {target[1]:.4f} = per-step FP32 data-parallel {what}, "
+                    f"{sizes.sites} sites; its bytes to target {ref[0].bytes / 1e6:.3f} MB; cap "
+                    f"{sizes.cap:g}x S; seeds {sizes.seeds}"
+                    + (f"; task options {sizes.task_options}" if sizes.task_options else "")
+                )
+                print(
+                    f"{'configuration':<{width}}{'seeds':>7}{'up MB':>10}{'':>9}{'down MB':>10}"
+                    f"{'':>9}{'frames':>7}{'unframed':>11}{'vs FP32 DP':>11}{'':>9}{'steps/S':>8}"
+                )
+                for c in configs:
+                    reached = [
+                        first(runs[t, c, s].result(), r.of(kind))
+                        for s, r in zip(sizes.seeds, ref, strict=True)
+                    ]
+                    summary, cells = summarize(ref, reached, sizes)
+                    summaries[kind][c].append(summary)
+                    print(f"{label(c):<{width}}{cells}", flush=True)
+            _per_seed(t, sizes, ref, configs, runs, width)
     print(f"\n{time.perf_counter() - start:.0f} s; mean ± standard error over seeds")
-    for t, i in zip(tasks, range(len(tasks)), strict=True):
-        print(f"{t}: " + best({c: [s[i]] for c, s in summaries.items()}))
-    print(best(summaries))
+    for kind in TARGETS:
+        for t, i in zip(tasks, range(len(tasks)), strict=True):
+            line = best({c: [s[i]] for c, s in summaries[kind].items()})
+            print(f"{t}, {kind} target: {line}")
+    print(f"point target: {best(summaries['point'])}")
+    print(best(summaries["smoothed"]))
+
+
+def _per_seed(
+    task: str,
+    sizes: Sizes,
+    ref: list[Reference],
+    configs: list[Config],
+    runs: dict[tuple[str, Config, int], Future[Trajectory]],
+    width: int,
+) -> None:
+    """Each seed's two targets, and each configuration's steps/S to them ("-": not within
+    the cap; after it, the lowest held-out loss the run saw): why a seed misses, by how
+    much, and whether the target's noise is the reason."""
+    print(f"\n{task} per seed: point / smoothed target; steps/S to each (-: not within the cap)")
+    cells = "".join(f"{f'seed {s}':>22}" for s in sizes.seeds)
+    print(f"{'':<{width}}{cells}")
+    cells = "".join(f"{f'{r.target:.4f} / {r.smoothed:.4f}':>22}" for r in ref)
+    print(f"{'DP target':<{width}}{cells}")
+    for c in configs:
+        cells = ""
+        for s, r in zip(sizes.seeds, ref, strict=True):
+            evaluations = runs[task, c, s].result()
+            steps = [first(evaluations, r.of(k)) for k in TARGETS]
+            text = " / ".join(f"{x.steps / sizes.steps:.2f}" if x.reached else "-" for x in steps)
+            if not steps[-1].reached:
+                text += f" ({min(e.loss for e in evaluations):.4f})"
+            cells += f"{text:>22}"
+        print(f"{label(c):<{width}}{cells}")

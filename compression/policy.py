@@ -57,6 +57,13 @@ GRADIENT_ECSGD_CLIP = 4.0
 DELTA_TOPK_DENSITY = 0.05
 GRADIENT_TOPK_DENSITY = 0.01
 
+# EC-SGD's blocks on a link of long local phases (``long_phase_local_steps``). With 2
+# sites, 96-128 local steps and EC-SGD 2-bit, blocks of 128 reached the bytes-to-target
+# bench's targets in 1.2-1.3x fewer bytes than the codec's 1024 (a model of many tensors
+# under 1024 elements pads each to a whole block) and on more seeds
+# (docs/decisions/long-phases-policy.md).
+LONG_PHASE_ECSGD_BLOCK = 128
+
 
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
@@ -115,6 +122,13 @@ class PolicyConfig:
     """EC-SGD at 2 and 4 bits: each block's half-range in RMS of the block, 0 for the
     block's peak (unset: the codec's least-squares default for its width, 1.5 or 2.5;
     under gradient exchange :data:`GRADIENT_ECSGD_CLIP`). The 1-bit sign has no clip."""
+    long_phase_local_steps: int = 64
+    """EC-SGD on a link whose agent runs at least this many local steps per round (its
+    hello's ``local_steps``) uses the long-phase recipe, ``ecsgd_bits`` (2) in blocks of
+    :data:`LONG_PHASE_ECSGD_BLOCK` (128) unless ``ecsgd_block`` is set: the bench's
+    fewest bytes to the target loss (docs/outer-optimizer.md). 0: never. Agents from
+    before the field report none and keep the codec's blocks; under ``exchange =
+    "gradient"`` a round is one step and the rule is off."""
     max_ratio: float = 0.0
     """Cost mode's compression budget: no codec compressing more than this (0: any)."""
     cost_tie_pct: float = 10.0
@@ -169,27 +183,38 @@ class PolicyConfig:
         clip = self.ecsgd_clip
         ok = clip is None or clip == 0 or 1 <= clip <= 1e3
         require("policy", ok, "ecsgd_clip", clip, "0 (the peak) or in [1, 1000]")
+        long = self.long_phase_local_steps
+        require("policy", long >= 0, "long_phase_local_steps", long, ">= 0")
         require("policy", self.max_ratio >= 0, "max_ratio", self.max_ratio, ">= 0")
         require("policy", self.cost_tie_pct >= 0, "cost_tie_pct", self.cost_tie_pct, ">= 0")
 
     def for_gradient_exchange(self) -> PolicyConfig:
         """This policy with the defaults of the coordinator's ``exchange = "gradient"``
         (a copy): EC-SGD clips at :data:`GRADIENT_ECSGD_CLIP` RMS unless ``ecsgd_clip`` is
-        set, Top-k keeps :data:`GRADIENT_TOPK_DENSITY` unless ``topk_density`` is. (1 bit
-        is refused there: the scaled sign holds back every element above the block's mean
-        magnitude, and training diverged.)"""
+        set, Top-k keeps :data:`GRADIENT_TOPK_DENSITY` unless ``topk_density`` is, and the
+        long-phase rule is off (a round is one step). (1 bit is refused there: the scaled
+        sign holds back every element above the block's mean magnitude, and training
+        diverged.)"""
         clip = GRADIENT_ECSGD_CLIP if self.ecsgd_clip is None else self.ecsgd_clip
         density = GRADIENT_TOPK_DENSITY if self.topk_density is None else self.topk_density
-        return replace(self, ecsgd_clip=clip, topk_density=density)
+        return replace(self, ecsgd_clip=clip, topk_density=density, long_phase_local_steps=0)
 
     @property
     def ladder(self) -> tuple[str, str, str]:
         """The table's codecs, lightest compression first."""
         return (self.light, self.medium, self.heavy)
 
-    def codec_params(self, name: str, round_: int | None = None) -> dict[str, Any]:
+    def long_phase(self, local_steps: int) -> bool:
+        """Whether an agent of ``local_steps`` per round (0: not said) gets the
+        long-phase recipe on EC-SGD."""
+        return 0 < self.long_phase_local_steps <= local_steps
+
+    def codec_params(
+        self, name: str, round_: int | None = None, local_steps: int = 0
+    ) -> dict[str, Any]:
         """Constructor parameters of ``name`` under this policy in the ``round_``-th round
-        a link has used it (0 first; None: after any warm-up)."""
+        a link has used it (0 first; None: after any warm-up), for an agent of
+        ``local_steps`` local steps per round (0: not said)."""
         if name == "topk":
             density = DELTA_TOPK_DENSITY if self.topk_density is None else self.topk_density
             if round_ is not None and self.topk_warmup_rounds:
@@ -203,7 +228,10 @@ class PolicyConfig:
             return {"density": density, "values": self.topk_values, **bits}
         if name == "ecsgd":
             clip = {} if self.ecsgd_clip is None else {"clip": self.ecsgd_clip}
-            block = {} if self.ecsgd_block is None else {"block": self.ecsgd_block}
+            block_size = self.ecsgd_block
+            if block_size is None and self.long_phase(local_steps):
+                block_size = LONG_PHASE_ECSGD_BLOCK
+            block = {} if block_size is None else {"block": block_size}
             return {"bits": self.ecsgd_bits, **block, **clip}
         return {}
 

@@ -7,6 +7,7 @@ view of ``coordinator serve``, ``coordinator status`` and the demo show the same
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def agents_table(snap: Snapshot) -> Table:
         table.add_row(
             a["name"],
             a["state"],
-            a["codec"],
+            codec_cell(a["codec"], a.get("codec_params", "")),
             str(a["codec_switches"]),
             f"{a['streams']}/{a['stream_switches']}",
             str(a["last_round"]),
@@ -71,9 +72,16 @@ def agents_table(snap: Snapshot) -> Table:
         )
     table.caption = (
         "rtt in ms; sw: codec switches; N: TCP connections/changes of N; Mb/s: goodput; "
-        "jitter, refusals: --json"
+        "bN: blocks of N; jitter, refusals, codec parameters, local steps: --json"
     )
     return table
+
+
+def codec_cell(codec: str, params: str) -> str:
+    """The codec and, where set, its blocks (``ecsgd b128``: the long-phase rule's EC-SGD,
+    docs/compression.md); the other parameters are in ``--json``."""
+    block = json.loads(params).get("block") if params else None
+    return f"{codec} b{block}" if block else codec
 
 
 def efficiency_table(reply: Status) -> Table | None:

@@ -82,6 +82,7 @@ class Admission:
         with fed.cond:
             self._replace_existing(session)
             session.codecs = frozenset(hello.codecs)
+            session.local_steps = hello.local_steps
             fed.links.open(session, fed.round)
             session.tp = max(1, hello.tp)
             self._offer_stripes(session, hello)
@@ -100,12 +101,15 @@ class Admission:
                 fed.final_delivered.add(session.key)
             session.state = "idle"
             log.info(
-                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s tp=%d",
+                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s tp=%d "
+                "local_steps=%d",
                 session.identity.uri,
                 fed.round,
                 behind,
                 session.codec,
+                fed.links.codec_params(session, fed.round) or "{}",
                 session.tp,
+                session.local_steps,
             )
             fed.cond.notify_all()
 

@@ -64,13 +64,15 @@ class Downlink:
         codec_name: str,
         contributors: int,
         round_: int,
+        local_steps: int = 0,
     ) -> Iterator[Payload]:
         """Encode each tensor's ``update`` (+ residual) once; subtract from ``weights``
         exactly what the agents will decode from the payloads. Lazy: tensor ``i`` is
         encoded and applied when its payload is asked for (a codec that plans across the
-        model forms every tensor's ``p`` before the first payload)."""
+        model forms every tensor's ``p`` before the first payload). ``local_steps``: the
+        fewest any member runs per round (the policy's long-phase rule; 0: not known)."""
         self.run = self.run.at(codec_name, round_)
-        params = self.run.params(self.policy, round_)
+        params = self.run.params(self.policy, round_, local_steps)
         seed = rounding_seed(self.seed, SENDER, round_)
         codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)
         residuals = self.feedback.residuals

@@ -62,10 +62,10 @@ class CodecRun:
             return self
         return CodecRun(codec, round_ if self.codec else 0)
 
-    def params(self, policy: PolicyConfig, round_: int) -> dict[str, Any]:
+    def params(self, policy: PolicyConfig, round_: int, local_steps: int = 0) -> dict[str, Any]:
         """The codec's constructor parameters in ``round_``: the one place they are worked
-        out for a round (the policy's, at the run's age)."""
-        return policy.codec_params(self.codec, round_ - self.since)
+        out for a round (the policy's, at the run's age, for ``local_steps`` per round)."""
+        return policy.codec_params(self.codec, round_ - self.since, local_steps)
 
 
 class LinkState:
@@ -392,7 +392,7 @@ class Links:
         that ("" for the defaults)."""
         link = self._links.get(session.key)
         run = link.run if link is not None else CodecRun(session.codec)
-        params = run.params(self.policy, round_)
+        params = run.params(self.policy, round_, session.local_steps)
         return json.dumps(params, sort_keys=True) if params else ""
 
     def _wanted(self, session: Session) -> str:
@@ -441,9 +441,11 @@ class Links:
             with link.lock:
                 stats = link.decided_on
         session.codec_switches += 1
+        # the parameters it will run with (the long-phase rule's blocks among them)
+        params = self.policy.codec_params(to, None, session.local_steps)
         log.info(
             "[Coordinator.Codec] agent=%s from=%s to=%s rtt_ms=%.1f jitter_ms=%.1f "
-            "loss_pct=%.2f goodput_mbit=%.1f",
+            "loss_pct=%.2f goodput_mbit=%.1f params=%s local_steps=%d",
             session.key,
             session.codec,
             to,
@@ -451,6 +453,8 @@ class Links:
             stats.jitter_ms,
             stats.loss_pct,
             stats.goodput_mbit,
+            json.dumps(params, sort_keys=True, separators=(",", ":")),
+            session.local_steps,
         )
 
 

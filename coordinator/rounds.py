@@ -127,8 +127,9 @@ class Rounds:
         final = fed.config.rounds > 0 and fed.round + 1 >= fed.config.rounds
         sessions = list(fed.sessions.values())
         before = {s.key: s.bytes_down for s in sessions}
+        fewest = min((s.local_steps for s in sessions), default=0)  # the shortest phase
         payloads = fed.downlink.encode(
-            fed.weights, self._update, codec_name, contributors, fed.round
+            fed.weights, self._update, codec_name, contributors, fed.round, fewest
         )
         fed.begin_round_state()
         chunks = self._stream(payloads, sessions)

@@ -35,6 +35,9 @@ class Session:
     """The agent's link (kept across its sessions): its monitor, policy and codec."""
     codecs: frozenset[str] = frozenset()
     tp: int = 1
+    local_steps: int = 0
+    """Its agent's local steps per round, from the hello (0: an agent from before the
+    field): the link policy's long-phase rule reads it."""
     last_round: int = -1
     joined_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)

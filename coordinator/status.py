@@ -64,6 +64,11 @@ class AgentStatus:
     stream_switches: int = 0
     efficiency: Efficiency | None = None
     """Its latest timed exchange against the link's floor."""
+    codec_params: str = ""
+    """Its codec's parameters for the next contribution, a JSON object ("": the codec's
+    defaults): the long-phase rule's EC-SGD blocks show here (docs/compression.md)."""
+    local_steps: int = 0
+    """Local steps per round its hello reported (0: an agent from before the field)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,8 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         streams=s.connections,
         stream_switches=s.stream_switches,
         efficiency=s.efficiency,
+        codec_params=fed.links.codec_params(s, fed.round),
+        local_steps=s.local_steps,
     )
 
 

@@ -28,7 +28,7 @@ class Shard(_message.Message):
     def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams")
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class Hello(_message.Message):
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     task: str
@@ -49,7 +50,8 @@ class Hello(_message.Message):
     weights_digest: str
     exchanges: _containers.RepeatedScalarFieldContainer[str]
     max_streams: int
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ...) -> None: ...
+    local_steps: int
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams")
@@ -288,7 +290,7 @@ class LinkWindow(_message.Message):
     def __init__(self, start_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., probes: _Optional[int] = ..., probes_lost: _Optional[int] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency", "codec_params", "local_steps")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +311,8 @@ class AgentStatus(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     STREAM_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
+    CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -329,7 +333,9 @@ class AgentStatus(_message.Message):
     streams: int
     stream_switches: int
     efficiency: LinkEfficiency
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ...) -> None: ...
+    codec_params: str
+    local_steps: int
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ..., codec_params: _Optional[str] = ..., local_steps: _Optional[int] = ...) -> None: ...
 
 class LinkEfficiency(_message.Message):
     __slots__ = ("round", "cloud", "name", "exchange_s", "floor_s", "ratio", "rtt_ms", "rate_mbit", "goodput_mbit", "streams", "limit")

@@ -96,6 +96,9 @@ class Hello:
     exchanges: tuple[str, ...]
     max_streams: int = 0
     """Connections it can stripe its session over (0, 1: none; docs/striping.md)."""
+    local_steps: int = 0
+    """Optimizer steps between its exchanges (0: not said, an agent from before the
+    field); the link policy's long-phase rule reads it (docs/compression.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +244,8 @@ MAX_CHUNKS = 1 << 24
 """Chunks of one contribution (16 TB at the 1 MiB default chunk)."""
 MAX_LIST = 16
 """Entries of ``codecs`` and ``exchanges``."""
+MAX_LOCAL_STEPS = 1 << 20
+"""An agent's local steps per round (a million: days of local training on a fast site)."""
 
 
 def _bound(ok: bool, field: str, value: object, what: str) -> None:
@@ -274,6 +279,7 @@ def _check_hello(m: Hello) -> None:
     _text("hello.weights_digest", m.weights_digest, 128)
     _int_in("hello.tp", m.tp, 0, MAX_TP)
     _int_in("hello.last_round", m.last_round, -1, MAX_ROUND)
+    _int_in("hello.local_steps", m.local_steps, 0, MAX_LOCAL_STEPS)
     _texts("hello.codecs", m.codecs)
     _texts("hello.exchanges", m.exchanges)
     _bound(len(m.tensors) <= MAX_TENSORS, "hello.tensors", len(m.tensors), f"<= {MAX_TENSORS}")

@@ -110,3 +110,5 @@ def test_agent_name_defaults_from_cloud_and_cert_paths_from_certs_dir():
 def test_bad_agent_option_names_field():
     with pytest.raises(ValueError, match="shard=3"):
         AgentConfig(cloud="aws", certs=Path("/c"), shard=3, num_shards=2)
+    with pytest.raises(ValueError, match="local_steps"):  # more than its hello may say
+        AgentConfig(cloud="aws", certs=Path("/c"), local_steps=(1 << 20) + 1)

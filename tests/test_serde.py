@@ -6,10 +6,12 @@ import pytest
 
 from skyfed.compression.monitor import Window
 from skyfed.coordinator.status import AgentStatus, RoundStats, Status
+from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.wire import (
+    MAX_LOCAL_STEPS,
     Announce,
     Chunk,
     Heartbeat,
@@ -19,6 +21,7 @@ from skyfed.wire import (
     RoundEnd,
     WeightsEnd,
     Welcome,
+    check_agent_message,
 )
 
 WELCOME = dict(
@@ -106,3 +109,15 @@ def test_a_message_serialized_once_is_numbered_per_session_without_changing_it()
     assert parsed.order == 41 and serde.coordinator_message_from_proto(parsed) == chunk
     plain = pb.CoordinatorMessage.FromString(serde.coordinator_message_bytes(shared))
     assert plain.order == 0 and serde.coordinator_message_from_proto(plain) == chunk
+
+
+def test_hello_of_an_agent_from_before_local_steps_reads_as_0_and_a_huge_one_is_refused():
+    old = pb.AgentMessage(hello=pb.Hello(cloud="aws", name="aws-1", last_round=-1))
+    hello = serde.agent_message_from_proto(old)
+    assert isinstance(hello, Hello) and hello.local_steps == 0
+    assert check_agent_message(hello) is hello
+    huge = pb.AgentMessage(
+        hello=pb.Hello(cloud="aws", name="aws-1", local_steps=MAX_LOCAL_STEPS + 1)
+    )
+    with pytest.raises(ProtocolError, match="hello.local_steps"):
+        check_agent_message(serde.agent_message_from_proto(huge))

@@ -63,3 +63,16 @@ def test_residuals_survive_a_checkpoint_round_trip():
     assert again.feedback.residuals.keys() == downlink.feedback.residuals.keys()
     for name, r in downlink.feedback.residuals.items():
         assert torch.equal(again.feedback.residuals[name], r)
+
+
+def test_downlink_of_long_phase_members_sends_ecsgd_in_blocks_of_128():
+    """The broadcast follows the long-phase rule on the fewest local steps of its members."""
+    blocks = {}
+    for local_steps in (0, 128):
+        downlink = Downlink(SPEC, PolicyConfig(), SEED)
+        weights = [torch.zeros(t.shape) for t in SPEC]
+        payloads = list(downlink.encode(weights, from_list(updates(0)), "ecsgd", 2, 0, local_steps))
+        blocks[local_steps] = sum(len(p.data) for p in payloads)
+    # the 64-element bias: one block of 128 instead of 1024 at 2 bits; the 2048-element
+    # weight: 16 blocks of 128 (16 scales) instead of 2 of 1024 (2 scales)
+    assert blocks[0] - blocks[128] == (1024 - 128) * 2 // 8 - (16 - 2) * 4

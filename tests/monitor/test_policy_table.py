@@ -232,3 +232,23 @@ def test_profiles_are_measured_on_the_model_tensors_through_error_feedback():
     # Five payloads cost more than one of the same elements: the per-tensor work counts.
     flat = profile_codecs(["topk"], PolicyConfig(), [sum(sizes)], repeats=1)["topk"]
     assert profiles["topk"].payload_bytes > flat.payload_bytes
+
+
+def test_long_local_phases_get_ecsgd_in_blocks_of_128_from_the_threshold_on():
+    config = PolicyConfig()  # long_phase_local_steps = 64
+    assert config.codec_params("ecsgd", local_steps=128) == {"bits": 2, "block": 128}
+    assert config.codec_params("ecsgd", local_steps=64) == {"bits": 2, "block": 128}
+    assert config.codec_params("ecsgd", local_steps=63) == {"bits": 2}
+    assert config.codec_params("ecsgd") == {"bits": 2}  # an agent that did not say
+    assert config.codec_params("topk", local_steps=128) == config.codec_params("topk")
+    assert config.codec_params("fp16", local_steps=128) == {}
+
+
+def test_long_phase_rule_yields_to_a_set_block_and_turns_off_at_0_and_under_gradient():
+    assert PolicyConfig(ecsgd_block=256).codec_params("ecsgd", local_steps=128)["block"] == 256
+    off = PolicyConfig(long_phase_local_steps=0)
+    assert off.codec_params("ecsgd", local_steps=1 << 20) == {"bits": 2}
+    gradient = PolicyConfig().for_gradient_exchange()  # a round is one step there
+    assert "block" not in gradient.codec_params("ecsgd", local_steps=128)
+    with pytest.raises(ValueError, match="long_phase_local_steps"):
+        PolicyConfig(long_phase_local_steps=-1)
