@@ -23,6 +23,7 @@ from skyfed.compression.base import (
     pieces,
     residual_memory,
 )
+from skyfed.compression.norms import all_finite, squared_norm
 
 _FP16_MIN_NORMAL = 2.0**-14
 # FP16 peak after scaling lands in [2**14, 2**15): no overflow, and small gradients keep
@@ -46,6 +47,7 @@ class _ElementwiseCodec(Codec):
 
     wire_dtype: torch.dtype
     bounded_release = True
+    check_scratch = False
 
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
@@ -198,6 +200,30 @@ class _ElementwiseCodec(Codec):
         result = output_tensor(f.shape, out)
         result.view(-1).copy_(self._wire_view(f.body))
         return result if scale == 1.0 else result.mul_(scale)
+
+    def check_squares(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> float:
+        """Decoded block by block into a per-thread block scratch (in cache), each block
+        checked finite and its squares summed (16k-element norms, as ``squared_norm``):
+        no tensor-sized buffer, so ``out`` is not needed (only its shape is read)."""
+        f, scale = self._parse(payload, expected_shape(out, shape))
+        wire = self._wire_view(f.body)
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
+        squares = 0.0
+        for start in blocks(wire.numel()):
+            wire_b = wire[start : start + BLOCK_NUMEL]
+            d = decoded[: wire_b.numel()].copy_(wire_b)
+            if scale != 1.0:
+                d.mul_(scale)
+            if not all_finite(d):
+                raise PayloadError("payload holds NaN or Inf values")
+            squares += squared_norm(d)
+        return squares
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """``acc += alpha * s * c`` block by block: no full-size temporary."""
