@@ -33,10 +33,11 @@ from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
 
 CHECK_BUFFERS = 1
-"""Payloads decoded at once for their check, each buffer as large as the largest tensor.
-One: a check is a decode and two reductions (~17 ms for a 25M-element FP16 payload on
-this host), far under the time its bytes take to arrive, so a second buffer (0.25x of a
-model of four such tensors) bought no speed."""
+"""Payloads decoded at once for their check, each buffer as large as the largest tensor,
+for the codecs whose check is a dense decode (``Codec.check_scratch``: EC-SGD; FP16,
+BF16 and FP32 check block by block, Top-k its k values, and never borrow one). One: a
+check is a decode and two reductions, far under the time its bytes take to arrive, so a
+second buffer (0.25x of a model of four such tensors) bought no speed."""
 
 
 class RoundAggregate:
