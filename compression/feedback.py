@@ -87,7 +87,7 @@ class ErrorFeedback:
         a broadcast's encode) and nothing payload-sized is held between rounds: kept per
         key, it held half the model at each end with FP16, through the local steps'
         peak. numpy's fresh memory is cheap (huge pages): a 25M-element FP16 encode with
-        error feedback 94 CPU-ms into kept memory, 99 into new (docs/scale.md)."""
+        error feedback 96 CPU-ms into kept memory, 104 into new (docs/scale.md)."""
         return PayloadBuffer()
 
     def credit(self, key: str, x: torch.Tensor) -> None:

@@ -13,7 +13,7 @@ must be credited back.
 
 Payloads are ``memoryview``s into new numpy memory per encode (``ErrorFeedback.buffer``),
 which lives as long as the payload does: kept per key from round to round it held half
-the model at each end with FP16; numpy's fresh memory (huge pages) costs ~5 % of the
+the model at each end with FP16; numpy's fresh memory (huge pages) costs 8-13 % of the
 encode (docs/scale.md).
 """
 
