@@ -19,7 +19,6 @@ from skyfed.agent.config import AgentConfig
 from skyfed.agent.probe import ProbeClient
 from skyfed.agent.stripes import Stripes
 from skyfed.proto import federation_pb2 as pb
-from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
@@ -114,7 +113,7 @@ class Link:
         """Opens a stripe's channel; None: this link never stripes."""
         self.stripes: Stripes | None = None
         self._clock = _ExchangeClock()
-        self._call = pb_grpc.FederationStub(channel).Session(iter(self._outbox))
+        self._call = serde.agent_stream(channel, "Session")(iter(self._outbox))
         self._reader = threading.Thread(target=self._read, name="link-read", daemon=True)
         self._reader.start()
         self.rtt_ms = 0.0
@@ -151,7 +150,9 @@ class Link:
     def send(self, message: AgentMessage) -> None:
         if isinstance(message, Chunk):
             self.bytes_up += len(message.data)
-        elif isinstance(message, Announce):
+            self._outbox.put(serde.serialized_agent_chunk(message))  # no message built
+            return
+        if isinstance(message, Announce):
             if self.stripes is not None:  # lanes of the last resize: connected first
                 self.stripes.wait_ready()
             message = replace(message, timing=self._clock.sent(message.round, self.streams))

@@ -127,20 +127,22 @@ class Site:
         """Apply the aggregate: the encoded payloads go to every rank, each decodes them
         straight into its slices. Raises ``PayloadError`` for a payload that does not
         decode (checked on rank 0 first when there are other ranks)."""
-        self._check(datas)
-        self._lead(self._apply, round, datas)
+        self._lead(self._apply, round, self._checked(datas))
 
     def load(self, datas: list[bytes]) -> None:
         """Replace the weights by the coordinator's (a resync); ``PayloadError`` as apply."""
-        self._check(datas)
-        self._lead(self._load, datas)
+        self._lead(self._load, self._checked(datas))
 
-    def _check(self, datas: list[bytes]) -> None:
+    def _checked(self, datas: list[bytes]) -> list[bytes]:
         """With other ranks, decode each payload here first: a bad one is refused before
-        any rank changes its weights (alone, a failed apply is followed by a resync)."""
-        if self.group.world > 1:
-            for data, info in zip(datas, self.spec, strict=True):
-                decode_payload(data, shape=info.shape)
+        any rank changes its weights (alone, a failed apply is followed by a resync).
+        They then cross ranks pickled: an assembled payload is a ``memoryview``
+        (``proto/chunks.py``), which does not pickle, so each becomes ``bytes``."""
+        if self.group.world == 1:
+            return datas
+        for data, info in zip(datas, self.spec, strict=True):
+            decode_payload(data, shape=info.shape)
+        return [bytes(data) for data in datas]
 
     def digest(self) -> str:
         """sha256 of the full logical weights (``""`` on ranks other than 0)."""

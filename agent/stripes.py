@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 
 from skyfed.proto import federation_pb2 as pb
-from skyfed.proto import federation_pb2_grpc as pb_grpc
+from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
 
@@ -126,7 +126,7 @@ class Stripes:
     def _start(self) -> None:
         lane = self.open_lane()
         channel = self.dial()
-        call = pb_grpc.FederationStub(channel).Stripe(self._requests(lane))
+        call = serde.agent_stream(channel, "Stripe")(self._requests(lane))
         reader = threading.Thread(
             target=self._read, args=(lane.index, call), name=f"stripe-{lane.index}", daemon=True
         )

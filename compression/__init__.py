@@ -8,6 +8,7 @@ from skyfed.compression.registry import (
     decode_add_payload,
     decode_payload,
     make_codec,
+    needs_check_scratch,
     payload_codec,
     rounding_seed,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "ErrorFeedback",
     "PayloadError",
     "check_payload",
+    "needs_check_scratch",
     "codec_names",
     "decode_add_payload",
     "decode_payload",

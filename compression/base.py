@@ -39,6 +39,9 @@ class Codec(ABC):
     bounded_release: ClassVar[bool] = False
     # Rounds at random: takes a ``seed`` for its rounding (:func:`make_codec`'s ``seed``).
     stochastic: ClassVar[bool] = False
+    # check_squares decodes into a tensor-sized ``out`` (a receiver lends one); False:
+    # it needs none (it checks block by block, or only the values sent).
+    check_scratch: ClassVar[bool] = True
 
     @abstractmethod
     def encode(self, x: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:

@@ -23,6 +23,7 @@ from skyfed.compression.base import (
     pieces,
     residual_memory,
 )
+from skyfed.compression.norms import all_finite, squared_norm
 
 _FP16_MIN_NORMAL = 2.0**-14
 # FP16 peak after scaling lands in [2**14, 2**15): no overflow, and small gradients keep
@@ -46,6 +47,7 @@ class _ElementwiseCodec(Codec):
 
     wire_dtype: torch.dtype
     bounded_release = True
+    check_scratch = False
 
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
@@ -74,22 +76,41 @@ class _ElementwiseCodec(Codec):
     def _fused_feedback(
         self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor
     ) -> float:
-        """Fill ``wire`` and ``e = e' `` (``e`` holds the residual when ``summed``)."""
+        """Fill ``wire`` and ``e = e' `` (``e`` holds the residual when ``summed``): the
+        plain cast in one pass; where the whole tensor turns out to need a scale (FP16
+        underflow, common for pseudo-gradients), one more pass redoes it scaled."""
         decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
         peak = 0.0
         for start in blocks(g.numel()):
             stop = min(start + BLOCK_NUMEL, g.numel())
             g_b, e_b, wire_b = g[start:stop], e[start:stop], wire[start:stop]
             p_b = e_b.add_(g_b) if summed else g_b  # p, in the residual's memory
-            wire_b.copy_(p_b)
-            block_peak = self._wire_peak(wire_b)
-            if not math.isfinite(block_peak):
+            block_peak = self._block_peak(p_b)
+            if self._overflows(block_peak):
                 return self._feedback_slowly(g, e, summed, wire, done=start, inside=stop)
             peak = max(peak, block_peak)
+            wire_b.copy_(p_b)
             torch.sub(p_b, decoded[: stop - start].copy_(wire_b), out=e_b)
-        if not self._plain_cast_holds(peak):
-            return self._feedback_slowly(g, e, summed, wire, done=g.numel(), inside=g.numel())
-        return 1.0
+        if self._plain_cast_holds(peak):
+            return 1.0
+        scale = fp16_scale(peak)
+        if scale != 1.0:
+            self._rescale(g, e, summed, wire, scale)
+        return scale
+
+    def _rescale(
+        self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor, scale: float
+    ) -> None:
+        """Redo the plain cast the fused loop wrote as ``cast(p / s)``, block by block:
+        ``e`` holds ``e' = p - D(plain)``, and ``e' + D(plain)`` is ``p`` exactly (the
+        plain cast was finite, so ``p - D(plain)`` was exact: Sterbenz)."""
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
+        for start in blocks(g.numel()):
+            stop = min(start + BLOCK_NUMEL, g.numel())
+            e_b, wire_b, d_b = e[start:stop], wire[start:stop], decoded[: stop - start]
+            p_b = e_b.add_(d_b.copy_(wire_b)) if summed else g[start:stop]
+            wire_b.copy_(torch.mul(p_b, 1.0 / scale, out=d_b))  # as _cast_scaled
+            torch.sub(p_b, d_b.copy_(wire_b).mul_(scale), out=e_b)  # p - D(c), as decode
 
     def _feedback_slowly(
         self,
@@ -117,13 +138,18 @@ class _ElementwiseCodec(Codec):
         torch.sub(p, d, out=e)
         return scale
 
-    def _wire_peak(self, wire_block: torch.Tensor) -> float:
-        """The block's largest magnitude on the wire where the codec must see it (FP16:
-        a plain cast that overflowed is redone scaled); 0 where it need not."""
+    def _block_peak(self, p_block: torch.Tensor) -> float:
+        """The block's largest magnitude where the codec must see it (FP16: to find an
+        overflow, and the scale an underflow needs); 0 where it need not."""
         return 0.0
 
+    def _overflows(self, peak: float) -> bool:
+        """Whether a block of largest magnitude ``peak`` fails the plain cast on its own
+        (FP16: inf or NaN on the wire), so the whole tensor takes the slow path."""
+        return False
+
     def _plain_cast_holds(self, peak: float) -> bool:
-        """Whether the plain cast (``s = 1``) stands, given the largest wire magnitude."""
+        """Whether the plain cast (``s = 1``) stands, given the largest magnitude."""
         return True
 
     def _wire_region(
@@ -174,6 +200,30 @@ class _ElementwiseCodec(Codec):
         result = output_tensor(f.shape, out)
         result.view(-1).copy_(self._wire_view(f.body))
         return result if scale == 1.0 else result.mul_(scale)
+
+    def check_squares(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> float:
+        """Decoded block by block into a per-thread block scratch (in cache), each block
+        checked finite and its squares summed (16k-element norms, as ``squared_norm``):
+        no tensor-sized buffer, so ``out`` is not needed (only its shape is read)."""
+        f, scale = self._parse(payload, expected_shape(out, shape))
+        wire = self._wire_view(f.body)
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
+        squares = 0.0
+        for start in blocks(wire.numel()):
+            wire_b = wire[start : start + BLOCK_NUMEL]
+            d = decoded[: wire_b.numel()].copy_(wire_b)
+            if scale != 1.0:
+                d.mul_(scale)
+            if not all_finite(d):
+                raise PayloadError("payload holds NaN or Inf values")
+            squares += squared_norm(d)
+        return squares
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """``acc += alpha * s * c`` block by block: no full-size temporary."""
@@ -262,18 +312,24 @@ class Fp16(_ElementwiseCodec):
     wire_id = 1
     wire_dtype = torch.float16
 
-    def _wire_peak(self, wire_block: torch.Tensor) -> float:
-        low, high = torch.aminmax(wire_block)  # on the half-size output: 1.4x cheaper
+    def _block_peak(self, p_block: torch.Tensor) -> float:
+        low, high = torch.aminmax(p_block)
         return max(float(high), -float(low))
 
+    def _overflows(self, peak: float) -> bool:
+        return not math.isfinite(float(np.float16(peak)))  # rounding is monotonic
+
     def _plain_cast_holds(self, peak: float) -> bool:
-        return math.isfinite(peak) and peak >= _FP16_MIN_NORMAL
+        """``peak`` is the input's: the wire's is its FP16 rounding (rounding is monotonic)."""
+        wire_peak = float(np.float16(peak))
+        return math.isfinite(wire_peak) and wire_peak >= _FP16_MIN_NORMAL
 
     def _cast(self, flat: torch.Tensor, wire: torch.Tensor) -> float:
         wire.copy_(flat)
         if flat.numel() == 0:
             return 1.0
-        if self._plain_cast_holds(self._wire_peak(wire)):
+        low, high = torch.aminmax(wire)  # on the half-size output: 1.4x cheaper
+        if self._plain_cast_holds(max(float(high), -float(low))):
             return 1.0
         low, high = torch.aminmax(flat)
         scale = fp16_scale(max(float(high), -float(low)))

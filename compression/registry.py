@@ -110,6 +110,12 @@ def check_payload(
     return _decoder(payload).check_squares(payload, out, shape=expected)
 
 
+def needs_check_scratch(payload: bytes) -> bool:
+    """Whether :func:`check_payload` needs ``out`` for this payload's codec (a dense
+    decode into a tensor-sized scratch), or only its shape (``Codec.check_scratch``)."""
+    return _decoder(payload).check_scratch
+
+
 def _decoder(payload: bytes) -> Codec:
     payload_codec(payload)
     return _DECODERS[payload[5]]

@@ -25,6 +25,7 @@ from skyfed.compression import (
     check_payload,
     codec_names,
     decode_add_payload,
+    needs_check_scratch,
     payload_codec,
 )
 from skyfed.errors import BadContributionError, ProtocolError
@@ -32,10 +33,11 @@ from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
 
 CHECK_BUFFERS = 1
-"""Payloads decoded at once for their check, each buffer as large as the largest tensor.
-One: a check is a decode and two reductions (~17 ms for a 25M-element FP16 payload on
-this host), far under the time its bytes take to arrive, so a second buffer (0.25x of a
-model of four such tensors) bought no speed."""
+"""Payloads decoded at once for their check, each buffer as large as the largest tensor,
+for the codecs whose check is a dense decode (``Codec.check_scratch``: EC-SGD; FP16,
+BF16 and FP32 check block by block, Top-k its k values, and never borrow one). One: a
+check is a decode and two reductions, far under the time its bytes take to arrive, so a
+second buffer (0.25x of a model of four such tensors) bought no speed."""
 
 
 class RoundAggregate:
@@ -229,12 +231,14 @@ def _check_payload(payload: Payload, info: TensorInfo) -> float:
             f"unknown codec {payload.codec!r}; this coordinator decodes {', '.join(codec_names())}"
         )
     expected = shard_shape(info.shape, payload.shard)
-    with _CHECKS.borrow(expected) as values:
-        try:
-            framed = payload_codec(payload.data)
-            if framed != payload.codec:
-                raise BadContributionError(f"chunk says codec {payload.codec}, payload is {framed}")
-            # Top-k checks and sums its k values only; dense codecs decode into ``values``.
+    try:
+        framed = payload_codec(payload.data)
+        if framed != payload.codec:
+            raise BadContributionError(f"chunk says codec {payload.codec}, payload is {framed}")
+        # FP16/BF16/FP32 check block by block and Top-k its k values only: no buffer.
+        if not needs_check_scratch(payload.data):
+            return check_payload(payload.data, shape=expected)
+        with _CHECKS.borrow(expected) as values:  # a dense decode (EC-SGD)
             return check_payload(payload.data, out=values)
-        except PayloadError as exc:
-            raise BadContributionError(f"{info.name}: {exc}") from exc
+    except PayloadError as exc:
+        raise BadContributionError(f"{info.name}: {exc}") from exc

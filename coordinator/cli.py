@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import torch
 from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
@@ -99,6 +100,7 @@ def main() -> None:
     {
         "seed": (int, "Seed of the initial weights and of the downlink's rounding."),
         "max_chunk_bytes": (int, "Largest chunk data accepted or sent, in bytes."),
+        "threads": (int, "torch intra-op threads for the mean, the encode and the checks."),
         "liveness_timeout_s": (float, "Drop an agent silent this long."),
         "final_wait_s": (float, "After the last round, wait this long for agents to close."),
         "max_samples": (int, "Most weight (samples) one contribution counts with."),
@@ -143,6 +145,7 @@ def serve(
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     check_paths(config)
+    torch.set_num_threads(config.threads)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

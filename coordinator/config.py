@@ -107,6 +107,12 @@ class CoordinatorConfig:
     """Where round checkpoints go; resumed from on start. None: no checkpoints."""
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
     """Largest chunk data accepted or sent, in bytes."""
+    threads: int = 1
+    """torch intra-op threads for the coordinator's tensor work (the mean, the downlink's
+    encode, the payload checks). One: its work is already spread over threads of its own
+    (a reader per session, the round's close, the digest pool, the checkpoint writer),
+    and on a host whose cores are busy an intra-op worker that is not scheduled stalls
+    every small kernel (docs/scale.md, CPU)."""
     heartbeat_ms: int = 1000
     """Interval agents send heartbeats at."""
     liveness_timeout_s: float = 30.0
@@ -212,6 +218,7 @@ class CoordinatorConfig:
             self.probe_interval_ms,
             ">= 5",
         )
+        require("coordinator", self.threads >= 1, "threads", self.threads, ">= 1")
         require(
             "coordinator",
             4096 <= self.max_chunk_bytes <= 4 << 20,

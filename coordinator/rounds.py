@@ -178,7 +178,7 @@ class Rounds:
                 first_seq=sent,
                 max_chunk_bytes=fed.config.max_chunk_bytes,
             ):
-                encoded = serde.serialized(serde.coordinator_message_to_proto(chunk))
+                encoded = serde.serialized_chunk(chunk)
                 for s in sessions:
                     s.send_encoded(encoded)
                 sent += 1

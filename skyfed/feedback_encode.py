@@ -11,10 +11,10 @@ every ``p`` built in its residual's memory first, and ``e'`` written over it
 (``Codec.encode_into_residual``). What was sent stays encoded: decode the payload if it
 must be credited back.
 
-Payloads are ``memoryview``s into per-key memory the residuals' owner keeps
-(``ErrorFeedback.buffer``), reused round after round unless the last payload is still
-held (an unacknowledged upload, a queued broadcast): fresh memory for a 32 MB FP16
-payload cost 3-4x its encode (docs/codecs-performance.md).
+Payloads are ``memoryview``s into new numpy memory per encode (``ErrorFeedback.buffer``),
+which lives as long as the payload does: kept per key from round to round it held half
+the model at each end with FP16; numpy's fresh memory (huge pages) costs 8-13 % of the
+encode (docs/scale.md).
 """
 
 from __future__ import annotations

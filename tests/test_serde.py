@@ -121,3 +121,30 @@ def test_hello_of_an_agent_from_before_local_steps_reads_as_0_and_a_huge_one_is_
     )
     with pytest.raises(ProtocolError, match="hello.local_steps"):
         check_agent_message(serde.agent_message_from_proto(huge))
+
+
+def _chunks() -> list[Chunk]:
+    """Chunks with every field at zero, small, at a varint's boundaries and at its limits."""
+    out = []
+    for i, (round_, tensor, shard, codec, data, crc) in enumerate(
+        [
+            (0, 0, None, "", b"", 0),
+            (3, 2, None, "fp16", b"\x01\x02", 9),
+            (127, 128, (0, 0, 0), "topk", bytes(300), 2**32 - 1),
+            (2**40, 2**32 - 1, (1, 2**40, 2**33), "topk:density=0.01", bytes(range(256)) * 9, 1),
+            (-1, 5, (2, 5000, 7), "ecsgd", b"\xff" * 70_000, 12345),
+        ]
+    ):
+        for kind, seq, part, parts in [(0, 0, 0, 0), (1, 2**31, 3, 200), (2, 127, 1, 2)]:
+            out.append(Chunk(kind, round_, tensor, shard, codec, seq + i, part, parts, data, crc))
+    return out
+
+
+@pytest.mark.parametrize("chunk", _chunks())
+def test_a_chunk_serialized_without_a_message_is_protobufs_bytes(chunk: Chunk) -> None:
+    coordinator = serde.serialized_chunk(chunk)
+    assert coordinator.body == "chunk"
+    assert coordinator.data == serde.coordinator_message_to_proto(chunk).SerializeToString()
+    agent = serde.serialized_agent_chunk(chunk)
+    assert agent.data == serde.agent_message_to_proto(chunk).SerializeToString()
+    assert serde.agent_message_from_bytes(serde.agent_message_bytes(agent)) == chunk

@@ -100,9 +100,19 @@ def _fp16_inputs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         "plain": (g, e),
         "overflow in the second block": (overflow, e),
         "underflow everywhere": (g * 1e-7, e * 1e-7),
+        "underflow but for a peak that rounds up to FP16's normal range": _rounding_up(g, e),
+        "zeros": (torch.zeros(n), torch.zeros(n)),
         "nan": (torch.where(g > 3, float("nan"), g), e),
         "empty": (torch.zeros(0), torch.zeros(0)),
     }
+
+
+def _rounding_up(g: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiny values but one just under ``2**-14`` (FP16's least normal), which FP16 rounds
+    up to it: the plain cast holds, decided on the input's peak as on the wire's."""
+    g, e = g * 1e-7, e * 1e-7
+    g[BLOCK_NUMEL + 5], e[BLOCK_NUMEL + 5] = 2.0**-14 - 2.0**-26, 0.0
+    return g, e
 
 
 @pytest.mark.parametrize("case", list(_fp16_inputs()))
