@@ -294,6 +294,13 @@ class Fp32(_ElementwiseCodec):
     wire_dtype = torch.float32
 
 
+def _fp16_rounded(value: float) -> float:
+    """``value`` rounded to FP16 as the cast rounds it: inf past FP16's range, which is
+    an answer here, not a fault (numpy would warn of the overflow)."""
+    with np.errstate(over="ignore"):
+        return float(np.float16(value))
+
+
 class Fp16(_ElementwiseCodec):
     """IEEE half precision, scaled by a power of two ``s`` only where a plain cast fails.
 
@@ -317,11 +324,11 @@ class Fp16(_ElementwiseCodec):
         return max(float(high), -float(low))
 
     def _overflows(self, peak: float) -> bool:
-        return not math.isfinite(float(np.float16(peak)))  # rounding is monotonic
+        return not math.isfinite(_fp16_rounded(peak))  # rounding is monotonic
 
     def _plain_cast_holds(self, peak: float) -> bool:
         """``peak`` is the input's: the wire's is its FP16 rounding (rounding is monotonic)."""
-        wire_peak = float(np.float16(peak))
+        wire_peak = _fp16_rounded(peak)
         return math.isfinite(wire_peak) and wire_peak >= _FP16_MIN_NORMAL
 
     def _cast(self, flat: torch.Tensor, wire: torch.Tensor) -> float:
