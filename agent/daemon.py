@@ -38,7 +38,7 @@ from skyfed.wire import (
 
 log = logging.getLogger(__name__)
 phase = Phases("Agent", log)
-"""A round's phases, timed at DEBUG (``bench/scale.py --phases``, docs/scale.md)."""
+"""A round's phases, timed at DEBUG (``bench/scale.py --phases``, docs/wan.md)."""
 
 # Refusals no retry can fix: the operator must act (wrong certificate, wrong model).
 FATAL_CODES = {

@@ -53,7 +53,8 @@ class TopK(Codec):
     ``D(c) = s * q`` at ``I``, zero elsewhere. With error feedback ``e' = p - D(c)``
     keeps both what was not selected and the values' rounding error. Selection is a
     sampled threshold (Lin et al. 2018, Deep Gradient Compression) refined to the exact
-    set of between ``k`` and ``k (1 + 3 %)`` elements (:class:`TopKSelector`); indices
+    set of between ``k`` and ``k (1 + 3 %)`` elements (:class:`TopKSelector`; a tensor
+    :meth:`plan` counted keeps exactly what is at or above the set's threshold); indices
     travel as delta varints or a bitmap, whichever is smaller, zstd-compressed when that
     is smaller still.
 

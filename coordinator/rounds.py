@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 phase = Phases("Coordinator", log)
-"""A round's phases, timed at DEBUG (``bench/scale.py --phases``, docs/scale.md)."""
+"""A round's phases, timed at DEBUG (``bench/scale.py --phases``, docs/wan.md)."""
 
 
 class Rounds:

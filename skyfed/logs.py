@@ -77,7 +77,7 @@ class Throttle:
 class Phases:
     """DEBUG lines marking where a round's time goes: ``[<who>.Phase] round=R <name>
     at=<unix s>`` (and any figures), wall-clock so the lines of every process of one host
-    line up (``bench/scale.py --phases`` reads them; docs/scale.md). Free when DEBUG is off."""
+    line up (``bench/scale.py --phases`` reads them; docs/wan.md). Free when DEBUG is off."""
 
     def __init__(self, who: str, log: logging.Logger) -> None:
         self.who = who
