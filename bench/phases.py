@@ -6,9 +6,11 @@ across processes. A round (as the coordinator times it: open to close, the next 
 at the close) is a chain, and its critical path runs through the agent whose contribution
 commits last:
 
-- ``previous broadcast + apply``: the round opens when the last round's chunks are queued;
-  the critical agent receives them, applies them (decode into the weights) and hashes
-  its weights before it starts training;
+- ``last round's apply + digest``: the round opens when the last round's chunks and
+  round ends are queued (and the coordinator's status is written); the critical agent
+  receives what is still in flight (on a WAN, most of the broadcast), applies it (decode
+  into the weights) and hashes its weights before it starts training (on loopback with
+  a small model it may start before the opening: a few ms below zero);
 - ``training``: its local steps (the figure it reports as ``train_s``);
 - ``encode``: its uplink encode, chunks queued as payloads come (``encode_s`` of it is the
   codec itself; the rest is cutting and queueing chunks);
