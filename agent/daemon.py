@@ -18,6 +18,7 @@ from skyfed.compression import PayloadError, codec_names
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
+from skyfed.logs import Phases
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
 from skyfed.wire import (
     EXCHANGES,
@@ -36,6 +37,8 @@ from skyfed.wire import (
 )
 
 log = logging.getLogger(__name__)
+phase = Phases("Agent", log)
+"""A round's phases, timed at DEBUG (``bench/scale.py --phases``, docs/wan.md)."""
 
 # Refusals no retry can fix: the operator must act (wrong certificate, wrong model).
 FATAL_CODES = {
@@ -230,7 +233,9 @@ class Agent:
             self._overlapped_round(link)
             return
         target = self.last_round + 1
+        phase(target, "train_begin")
         result = self.site.train()
+        phase(target, "train_end")
         self.last_loss = result.loss
         self._pump(link, timeout=0)
         if self.last_round >= target:  # the round closed while we trained: keep the work
@@ -335,6 +340,7 @@ class Agent:
                 sent += 1
         link.send(ContributionEnd(round=round, chunks=sent))
         link.encoded(round, encoding_s)
+        phase(round, "sent", encode_s=encoding_s)
 
     # ---- incoming ------------------------------------------------------------------------
 
@@ -358,6 +364,7 @@ class Agent:
     def _aggregate_chunk(self, chunk: Chunk) -> None:
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
+            phase(chunk.round, "aggregate_begin")
             self._agg = self._assembler(ChunkKind.AGGREGATE, chunk.round)
             self._agg_datas = {}
         payload = self._agg.add(chunk)
@@ -370,12 +377,15 @@ class Agent:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
         if len(datas) != len(self.spec):
             raise Resync(f"aggregate of round {end.round} misses tensors")
+        phase(end.round, "round_end")
         try:  # a payload that does not decode leaves us to resync
             self.site.apply(end.round, [datas[i] for i in range(len(datas))])
         except PayloadError as exc:
             raise Resync(f"undecodable aggregate of round {end.round}: {exc}") from exc
         self._agg, self._agg_datas = None, {}
+        phase(end.round, "applied")
         digest = self.site.digest()
+        phase(end.round, "digested")
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")
         self.last_round, self.applied = end.round, self.applied + 1
@@ -388,6 +398,7 @@ class Agent:
             raise Finished
 
     def _receipt(self, receipt: Receipt) -> None:
+        phase(receipt.round, "receipt")
         if receipt.round not in self._unacked:
             return
         self._unacked.discard(receipt.round)

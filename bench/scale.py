@@ -6,8 +6,8 @@
 
 Every run starts the real ``coordinator serve`` and ``--agents`` ``agent start`` processes
 (real mTLS with a throwaway CA, loopback) on ``skyfed.tasks.examples:wide?params=N`` (four
-square Linear layers, ``--local-steps 1``) with one fixed codec, and runs ``--rounds``
-rounds. Per size and codec it prints medians over the rounds after the first:
+square Linear layers, ``--local-steps``, 1 unless told) with one fixed codec, and runs
+``--rounds`` rounds. Per size and codec it prints medians over the rounds after the first:
 
 - round s: a round's duration as the coordinator reports it (open to close; the next
   round opens at the close, so in steady state this is the whole cycle, broadcast and the
@@ -25,6 +25,10 @@ rounds. Per size and codec it prints medians over the rounds after the first:
   coordinator's ``[Coordinator.Checkpoint]`` log lines; without them (a coordinator from
   before them, which saved before the broadcast) the write is timed from the
   checkpoint's temporary file appearing to its rename, all of it on the path.
+
+``--phases`` runs every process at DEBUG and adds, per size and codec, where a round's
+time went along its critical path (``bench/phases.py``: the previous broadcast's apply,
+training, encode, upload, the coordinator's close, with their parts).
 
 The last line is ``100M fp16: exchange X.X s, coordinator RSS X.Xx, agent RSS X.Xx`` (or
 the largest size and first codec measured). ``--record WHAT`` also writes the run to
@@ -46,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import phases  # bench/phases.py, beside this script
 from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.certs.testing import make_federation
@@ -77,6 +82,8 @@ class Row:
     on_path_ms: float = float("nan")
     write_ms: float = float("nan")
     rounds: int = 0
+    phases: phases.Breakdown | None = None
+    """Where the rounds' time went (``--phases``)."""
 
 
 @dataclass(slots=True)
@@ -146,6 +153,7 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
     make_federation(certs, agents)
     status_file, ckpt_dir = work / "status.json", work / "ckpt"
     kids = Children(work / "logs")
+    env = {"SKYFED_LOG_LEVEL": "DEBUG"} if args.phases else {}
     stop = threading.Event()
     try:
         flags = {
@@ -160,7 +168,7 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
             "--checkpoint-dir": ckpt_dir,
             "--round-deadline-s": 600,
         }
-        coordinator = kids.start("coordinator", command("coordinator", "serve", *_argv(flags)))
+        coordinator = kids.start("coordinator", command("coordinator", "serve", *_argv(flags)), env)
         seen, watcher = watch(kids, status_file, ckpt_dir, stop)
         port = int(wait_for_file(work / "port", 300, coordinator))
         for i, (cloud, name) in enumerate(agents):
@@ -172,10 +180,10 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
                 "--task": spec,
                 "--shard": i,
                 "--num-shards": args.agents,
-                "--local-steps": 1,
+                "--local-steps": args.local_steps,
                 "--report": work / f"{name}.json",
             }
-            kids.start(name, command("agent", "start", *_argv(agent)))
+            kids.start(name, command("agent", "start", *_argv(agent)), env)
         deadline = time.monotonic() + args.timeout_s
         for name in ["coordinator", *(n for _, n in agents)]:
             code = kids.procs[name].wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -183,7 +191,11 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
                 raise RuntimeError(f"{name} exited {code}:\n{kids.log(name)[-3000:]}")
         stop.set()
         watcher.join()
-        return _row(params, codec, args, work, seen, kids, agents)
+        row = _row(params, codec, args, work, seen, kids, agents)
+        if args.phases:
+            names = [n for _, n in agents]
+            row.phases = phases.breakdown({n: kids.log(n) for n in ["coordinator", *names]}, names)
+        return row
     finally:
         stop.set()
         kids.stop_all()
@@ -278,6 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         "--record", metavar="WHAT", help="Also write bench/results/<date>-scale-WHAT.md."
     )
     parser.add_argument("--keep", type=Path, help="Keep each run's directory (logs) under here.")
+    parser.add_argument(
+        "--local-steps", type=int, default=1, help="Agents' local steps per round (default 1)."
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="Run every process at DEBUG and print where each round's time went (bench/phases.py).",
+    )
     args = parser.parse_args(argv)
     raw = sys.argv[1:] if argv is None else argv
     try:
@@ -301,13 +321,16 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     lines = [
-        f"{args.agents} agents, {args.rounds} rounds, --local-steps 1, loopback; medians over "
-        "rounds 1..",
+        f"{args.agents} agents, {args.rounds} rounds, --local-steps {args.local_steps}, "
+        "loopback; medians over rounds 1..",
         "",
         *table(rows),
         "",
-        last_line(rows),
     ]
+    for r in rows:
+        if r.phases is not None:
+            lines += [*phases.table(r.phases, f"{size_text(r.params)} {r.codec}"), ""]
+    lines.append(last_line(rows))
     print("\n".join(lines))
     if args.record:
         print(f"recorded in {record('scale', args.record, raw, lines)}", file=sys.stderr)

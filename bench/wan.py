@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import phases  # bench/phases.py, beside this script
 from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.lab.federation import Federation, FederationSpec, round_floor_s
@@ -91,6 +92,8 @@ class Row:
     """Agents cut off by the coordinator's exit (see ``finish``)."""
     sysctls: str = ""
     """Host settings the run changed from the lab's (``--sysctl``), as ``k=v`` words."""
+    phases: phases.Breakdown | None = None
+    """Where the rounds' time went (``--phases``)."""
 
     @property
     def settings(self) -> str:
@@ -193,6 +196,8 @@ def run_one(
                 r["durationS"] - r.get("trainS", 0.0) for r in rounds
             )
             row.floor_s = round_floor_s(rtt, rate, up, down)
+            if args.phases:
+                row.phases = phases.from_dir(work, AGENTS)
             row.bare_s = bare_tcp_s(lab, AGENTS[0], int(up), True) + bare_tcp_s(
                 lab, AGENTS[0], int(down), False
             )
@@ -529,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-steps", type=int, default=600, help="Local steps while checking.")
     parser.add_argument("--record", metavar="WHAT")
     parser.add_argument("--keep", type=Path, help="Keep each run's directory (logs) here.")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="Run every process at DEBUG and print where each run's rounds went (bench/phases.py).",
+    )
     args = parser.parse_args(argv)
     raw = sys.argv[1:] if argv is None else argv
     if args.grpc_role:
@@ -541,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         parser.exit(2, f"bench/wan.py: {reason}\n")
     tear_down_on_signals()
+    if args.phases:  # the lab's processes inherit it (ip netns exec keeps the environment)
+        os.environ["SKYFED_LOG_LEVEL"] = "DEBUG"
     if args.check_under_load:
         lines = check_under_load(args)
     elif args.windows:
@@ -583,9 +595,11 @@ def main(argv: list[str] | None = None) -> int:
             *table(rows),
             "",
             *notes,
-            *far_worst_line(rows),
-            worst_line(rows),
         ]
+        for r in rows:
+            if r.phases is not None:
+                lines += [*phases.table(r.phases, f"{r.profile}, {r.settings}"), ""]
+        lines += [*far_worst_line(rows), worst_line(rows)]
     print("\n".join(lines))
     if args.record:
         print(f"recorded in {record('wan', args.record, raw, lines)}", file=sys.stderr)

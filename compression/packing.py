@@ -91,7 +91,8 @@ def unbitmap(data: np.ndarray, count: int, numel: int) -> np.ndarray:
     if len(data) != (numel + 7) // 8:
         raise PayloadError(f"bitmap of {len(data)} bytes for {numel} elements")
     bits = np.unpackbits(data, count=numel, bitorder="little")
-    indices = np.flatnonzero(bits)
+    # 0/1 bytes read as bool: numpy's nonzero on bool is 4-8x its scan of uint8.
+    indices = np.flatnonzero(bits.view(bool))
     if len(indices) != count or (numel % 8 and data[-1] >> (numel % 8)):
         raise PayloadError(f"bitmap sets {len(indices)} bits, frame says {count}")
     return indices

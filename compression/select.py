@@ -21,6 +21,8 @@ _SAMPLE_FRACTION = 0.02
 _MIN_SAMPLE = 4096
 _RUN = 16  # float32 elements per 64-byte cache line
 _ATTEMPTS = 3
+# The smallest positive float32: ``|p| >= _TINY`` is ``p != 0`` (and not NaN).
+_TINY = float(np.finfo(np.float32).smallest_subnormal)
 
 
 class TopKSelector:
@@ -32,35 +34,67 @@ class TopKSelector:
     ``[k, k (1 + OVERSHOOT)]`` (a 2 % sample gives it within 0.75 % RMS at 5 % density)
     and the sample's rank is rescaled and counted again when not. The set kept is then
     exactly the top ``count`` (every element at or above ``t``), a superset of the top
-    ``k``. A threshold that cannot land in the band (ties, a mostly-zero tensor) falls
-    back to ``torch.topk``'s exact ``k``. ``torch.topk`` itself sorts its way to 5 % of a
-    16M tensor in about 30 copies' time; one thresholding pass costs about two.
+    ``k``. A threshold the caller already counted (Top-k's plan over a set of tensors) is
+    tried first, with no sample. A sampled threshold of zero (fewer than ``k`` non-zeros)
+    keeps every non-zero: the rest would send zeros. A threshold that cannot land in the
+    band (ties) falls back to ``torch.topk``'s exact ``k``. ``torch.topk`` itself sorts
+    its way to 5 % of a 16M tensor in about 30 copies' time; one thresholding pass costs
+    about two, and gathers the kept indices and values as it goes (block by block, in
+    cache: no mask of the tensor's size is written or read again).
     """
 
     def select(
-        self, flat_N: torch.Tensor, k: int, *, add_N: torch.Tensor | None = None
+        self,
+        flat_N: torch.Tensor,
+        k: int,
+        *,
+        add_N: torch.Tensor | None = None,
+        threshold: float | None = None,
     ) -> torch.Tensor:
         """Sorted int64 indices of at least ``k`` of the largest magnitudes of the 1-D
         ``flat_N``; with ``add_N``, ``flat_N += add_N`` first, fused into the same pass."""
+        return self.select_kept(flat_N, k, add_N=add_N, threshold=threshold)[0]
+
+    def select_kept(
+        self,
+        flat_N: torch.Tensor,
+        k: int,
+        *,
+        add_N: torch.Tensor | None = None,
+        threshold: float | None = None,
+        min_k: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`select`'s indices and ``flat_N``'s values there (after the sum). With
+        ``threshold``, every ``|p| >= threshold`` when that is ``k`` elements (a plan
+        counted them). Fewer than ``k`` are kept only when the rest are zeros, and never
+        fewer than ``min_k``."""
         n = flat_N.numel()
-        if k >= n or n <= _EXACT_NUMEL or k >= _EXACT_DENSITY * n:
-            if add_N is not None:
-                flat_N.add_(add_N)
-            return _exact(flat_N, k)
-        sample_M = _sample_abs(flat_N, add_N, n)
-        target = k * (1 + OVERSHOOT / 2)
-        rank = math.ceil(target * sample_M.numel() / n)
-        mask_N = SCRATCH.take("topk-mask", n, torch.bool)
         parts = spans(n)
         pending_add = add_N
-        for _ in range(_ATTEMPTS):
-            threshold = _quantile(sample_M, rank)
-            if threshold <= 0.0:
-                break
-            count = threshold_pass(flat_N, pending_add, threshold, mask_N, parts)
+        if threshold is not None and threshold > 0.0 and 0 < k < n:
+            count, found = _pass(flat_N, pending_add, threshold, parts, collect=True)
             pending_add = None
             if k <= count <= k * (1 + OVERSHOOT):
-                return _nonzero(mask_N, parts)
+                return _joined(found)
+        if k >= n or n <= _EXACT_NUMEL or k >= _EXACT_DENSITY * n:
+            if pending_add is not None:
+                flat_N.add_(pending_add)
+            return _exact(flat_N, k)
+        sample_M = _sample_abs(flat_N, pending_add, n)
+        target = k * (1 + OVERSHOOT / 2)
+        rank = math.ceil(target * sample_M.numel() / n)
+        for _ in range(_ATTEMPTS):
+            threshold = quantile(sample_M, rank)
+            if threshold <= 0.0:  # the sample is mostly zeros: keep the non-zeros if k holds them
+                count, found = _pass(flat_N, pending_add, _TINY, parts, collect=True)
+                pending_add = None
+                if min_k <= count <= k * (1 + OVERSHOOT):
+                    return _joined(found)
+                break
+            count, found = _pass(flat_N, pending_add, threshold, parts, collect=True)
+            pending_add = None
+            if k <= count <= k * (1 + OVERSHOOT):
+                return _joined(found)
             # The count over the tensor scales with the sample's rank of the threshold.
             at_or_above = int(torch.count_nonzero(sample_M >= threshold))
             rescaled = max(1, round(at_or_above * target / max(count, 1)))
@@ -85,56 +119,75 @@ def _sample_abs(flat_N: torch.Tensor, add_N: torch.Tensor | None, n: int) -> tor
     return sample_M.view(-1).abs_()
 
 
-def _quantile(sample_M: torch.Tensor, rank: int) -> float:
+def quantile(sample_M: torch.Tensor, rank: int) -> float:
     """The ``rank``-th largest sample value (rank clamped to the sample)."""
     m = sample_M.numel()
     return float(torch.kthvalue(sample_M, m - min(m, max(1, rank)) + 1).values)
 
 
-def threshold_pass(
+def count_at_or_above(flat_N: torch.Tensor, threshold: float) -> int:
+    """``#{|flat| >= threshold}`` of a contiguous 1-D float32 tensor: the selection's own
+    pass (the same comparison, so the same count), a span per core, nothing of its size
+    allocated."""
+    return _pass(flat_N, None, threshold, spans(flat_N.numel()), collect=False)[0]
+
+
+def _pass(
     flat_N: torch.Tensor,
     add_N: torch.Tensor | None,
     threshold: float,
-    mask_N: torch.Tensor,
     parts: list[tuple[int, int]],
-) -> int:
-    """``mask = |flat| >= threshold`` (after ``flat += add``) and its count: block by block
-    in cache, each span of ``parts`` on its own thread (numpy: one core per span)."""
-    flat, mask = flat_N.numpy(), mask_N.numpy()
+    *,
+    collect: bool,
+) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
+    """``#{|flat| >= threshold}`` (after ``flat += add``) and, with ``collect``, per block
+    the indices and values at or above it: block by block in cache, each span of ``parts``
+    on its own thread (numpy: one core per span)."""
+    flat = flat_N.numpy()
     add = None if add_N is None else add_N.numpy()
 
-    def span(lo: int, hi: int) -> int:
-        abs_B = SCRATCH.take("topk-abs", min(BLOCK_NUMEL, hi - lo)).numpy()
-        count = 0
+    def span(lo: int, hi: int) -> tuple[int, list[tuple[np.ndarray, np.ndarray]]]:
+        size = min(BLOCK_NUMEL, hi - lo)
+        abs_B = SCRATCH.take("topk-abs", size).numpy()
+        mask_B = SCRATCH.take("topk-mask", size, torch.bool).numpy()
+        count, found = 0, []
         for start in range(lo, hi, BLOCK_NUMEL):
             stop = min(start + BLOCK_NUMEL, hi)
             p_B = flat[start:stop]
             if add is not None:
                 np.add(p_B, add[start:stop], out=p_B)  # p = e + g: IEEE float32, as torch's
             a_B = np.abs(p_B, out=abs_B[: stop - start])
-            count += int(np.count_nonzero(np.greater_equal(a_B, threshold, out=mask[start:stop])))
-        return count
+            m_B = np.greater_equal(a_B, threshold, out=mask_B[: stop - start])
+            if not collect:
+                count += int(np.count_nonzero(m_B))
+                continue
+            at_B = np.flatnonzero(m_B)
+            count += len(at_B)
+            found.append((at_B + start, p_B[at_B]))
+        return count, found
 
-    return sum(in_parallel(span, parts))
-
-
-def _nonzero(mask_N: torch.Tensor, parts: list[tuple[int, int]]) -> torch.Tensor:
-    """The sorted int64 indices of ``mask_N``'s set elements, a span per thread."""
-    mask = mask_N.numpy()
-
-    def span(lo: int, hi: int) -> np.ndarray:
-        found = np.flatnonzero(mask[lo:hi])
-        return found + lo if lo else found
-
-    found = in_parallel(span, parts)
-    return torch.from_numpy(found[0] if len(found) == 1 else np.concatenate(found))
+    done = in_parallel(span, parts)
+    return sum(c for c, _ in done), [f for _, span_found in done for f in span_found]
 
 
-def _exact(flat_N: torch.Tensor, k: int) -> torch.Tensor:
-    """Exactly ``k`` indices, sorted (ties broken as torch.topk breaks them)."""
+def _joined(found: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks' indices and values, in order, as two tensors."""
+    if len(found) == 1:
+        idx, kept = found[0]
+    else:
+        idx = np.concatenate([i for i, _ in found])
+        kept = np.concatenate([v for _, v in found])
+    return torch.from_numpy(idx.astype(np.int64, copy=False)), torch.from_numpy(kept)
+
+
+def _exact(flat_N: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly ``k`` indices, sorted (ties broken as torch.topk breaks them), and the
+    values there."""
     if k == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    if k >= flat_N.numel():
-        return torch.arange(flat_N.numel())
-    abs_N = flat_N.abs()  # rare: not worth a buffer kept per thread
-    return torch.sort(torch.topk(abs_N, k, sorted=False).indices).values
+        idx = torch.zeros(0, dtype=torch.int64)
+    elif k >= flat_N.numel():
+        idx = torch.arange(flat_N.numel())
+    else:
+        abs_N = flat_N.abs()  # rare: not worth a buffer kept per thread
+        idx = torch.sort(torch.topk(abs_N, k, sorted=False).indices).values
+    return idx, flat_N[idx]

@@ -26,6 +26,7 @@ from skyfed.errors import (
     LateContributionError,
     ProtocolError,
 )
+from skyfed.logs import Phases
 from skyfed.proto.chunks import Assembler
 from skyfed.wire import MAX_CHUNKS, Announce, Chunk, ChunkKind, ContributionEnd, Receipt
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from skyfed.coordinator.session import Session
 
 log = logging.getLogger(__name__)
+phase = Phases("Coordinator", log)
 
 TRANSFERS_KEPT = 4
 """Rounds of a session's exchange bytes kept until its agent reports their timing."""
@@ -272,6 +274,7 @@ class Intake:
             fed.contributed.add(session.key)
             fed.contributors.add(session.key)
             fed.rounds.contributed(inbound.loss, inbound.train_s)
+            phase(inbound.round, "committed", agent=session.key)
             session.send(Receipt(round=session.last_round, accepted=True))
             fed.cond.notify_all()
 

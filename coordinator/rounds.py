@@ -23,6 +23,7 @@ import torch
 from skyfed import failpoints
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.coordinator.status import RoundStats
+from skyfed.logs import Phases
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
 from skyfed.wire import ChunkKind, Payload, RoundEnd, raw_bytes
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from skyfed.coordinator.session import Session
 
 log = logging.getLogger(__name__)
+phase = Phases("Coordinator", log)
+"""A round's phases, timed at DEBUG (``bench/scale.py --phases``, docs/wan.md)."""
 
 
 class Rounds:
@@ -46,6 +49,9 @@ class Rounds:
         # monotonic s of the open round's first committed contribution: the deadline counts
         # from it (None: nothing committed yet)
         self._first_commit_at: float | None = None
+        # Of the closing round, s: its mean and outer step; making the downlink's payloads
+        # (the mean included), for its phase marks
+        self._mean_s = self._encode_s = 0.0
 
     def run(self) -> None:
         """Drive rounds until the configured count or :meth:`stop`; meant for its own thread."""
@@ -97,6 +103,7 @@ class Rounds:
         self._first = False
         fed.round_open = True
         fed.stats = RoundStats(fed.round, time.monotonic())
+        phase(fed.round, "open")
         log.info("[Coordinator.Round] round=%d opened agents=%d", fed.round, len(fed.sessions))
 
     def _should_close(self) -> bool:
@@ -118,6 +125,8 @@ class Rounds:
         """Close the open round: the mean, the outer step, the downlink streamed to every
         agent, the checkpoint, the round's end, the next round."""
         fed = self.fed
+        phase(fed.round, "close")
+        self._mean_s = 0.0
         fed.intake.withdraw_all()
         codec_name = fed.downlink.codec_for(
             [s.codec for s in fed.sessions.values()] or [fed.links.start_codec]
@@ -134,8 +143,10 @@ class Rounds:
         fed.begin_round_state()
         chunks = self._stream(payloads, sessions)
         fed.end_round_state()
+        phase(fed.round, "encoded", mean_s=self._mean_s, encode_s=self._encode_s)
         waited = time.perf_counter()
         fed.checkpoint_written()
+        phase(fed.round, "checkpointed")
         if fed.config.checkpoint_dir is not None:
             on_path_s = time.perf_counter() - waited
             fed.checkpoints_written += 1
@@ -146,6 +157,7 @@ class Rounds:
         self._record(codec_name, contributors)
         self._round_ends(sessions, before, chunks, contributors, final)
         fed.stats.bytes_down += sum(s.bytes_down - before[s.key] for s in sessions)
+        phase(fed.round, "ended")
         fed.write_status()
         fed.round += 1
         fed.finished = final
@@ -160,17 +172,21 @@ class Rounds:
         """Tensor ``tensor``'s update into ``out``: the outer optimizer's step on the
         weighted mean of the contributions; its staged payloads are dropped as soon as it
         is taken."""
-        fed = self.fed
+        fed, started = self.fed, time.perf_counter()
         fed.aggregate.mean_into(tensor, out)
         fed.aggregate.release(tensor)
         failpoints.reached("mean", fed.round)
-        return fed.outer.step_into(tensor, out, len(fed.spec))
+        update = fed.outer.step_into(tensor, out, len(fed.spec))
+        self._mean_s += time.perf_counter() - started
+        return update
 
     def _stream(self, payloads: Iterable[Payload], sessions: list[Session]) -> int:
         """Queue every payload's chunks for every session as each payload is made (each
         chunk converted and serialized once, its bytes shared); the number of chunks."""
         fed, sent = self.fed, 0
+        self._encode_s, started = 0.0, time.perf_counter()
         for payload in payloads:
+            self._encode_s += time.perf_counter() - started
             for chunk in cut(
                 payload,
                 kind=ChunkKind.AGGREGATE,
@@ -184,6 +200,8 @@ class Rounds:
                 sent += 1
             fed.tensor_final(payload.tensor)  # hashed and written while the next encodes
             failpoints.reached("downlink", fed.round)
+            started = time.perf_counter()
+        self._encode_s += time.perf_counter() - started
         return sent
 
     def _round_ends(

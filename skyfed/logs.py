@@ -72,3 +72,23 @@ class Throttle:
                 self._last.clear()
             self._last[key] = now
             return True
+
+
+class Phases:
+    """DEBUG lines marking where a round's time goes: ``[<who>.Phase] round=R <name>
+    at=<unix s>`` (and any figures), wall-clock so the lines of every process of one host
+    line up (``bench/scale.py --phases`` reads them; docs/wan.md). Free when DEBUG is off."""
+
+    def __init__(self, who: str, log: logging.Logger) -> None:
+        self.who = who
+        self.log = log
+
+    def __call__(self, round_: int, name: str, **figures: float | str) -> None:
+        if not self.log.isEnabledFor(logging.DEBUG):
+            return
+        extra = "".join(
+            f" {k}={v:.4f}" if isinstance(v, float) else f" {k}={v}" for k, v in figures.items()
+        )
+        self.log.debug(
+            "[%s.Phase] round=%d %s at=%.4f%s", self.who, round_, name, time.time(), extra
+        )

@@ -1,4 +1,5 @@
-"""Top-k selection keeps the largest magnitudes: at least k, at most k (1 + OVERSHOOT)."""
+"""Top-k selection keeps the largest magnitudes: at least k, at most k (1 + OVERSHOOT),
+fewer only when the rest are zeros; a plan's threshold is kept exactly."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from skyfed.compression import decode_payload, make_codec
 from skyfed.compression.select import OVERSHOOT, TopKSelector
-from skyfed.compression.topk import _count_at_or_above
+from skyfed.compression.topk import MIN_DENSITY, _count_at_or_above
 
 
 def _topk_set(x: torch.Tensor, k: int) -> set[int]:
@@ -67,10 +68,13 @@ def test_fused_sum_selects_on_the_sum_and_leaves_it_in_place() -> None:
     _assert_largest(p, idx, 50_000)
 
 
-def test_mostly_zero_tensor_still_sends_exactly_k() -> None:
+def test_mostly_zero_tensor_sends_its_non_zeros_only() -> None:
+    """Fewer non-zeros than k: the top-k would add only zeros (a mean of sparse uplinks
+    before any residual); the selection keeps the non-zeros, with no sort."""
     x = torch.zeros(500_000)
     x[::50_000] = 1.0  # 10 non-zeros, k = 5000
     codec = make_codec("topk", density=0.01)
+    assert torch.equal(TopKSelector().select(x.clone(), 5000), torch.arange(0, 500_000, 50_000))
     y = decode_payload(codec.encode(x), shape=x.shape)
     assert torch.equal(y, x)
 
@@ -145,3 +149,38 @@ def test_the_plans_count_over_a_large_tensor_is_torchs_count() -> None:
     ):
         for t in (0.0, 0.5, 1.0, 2.5, 9.0):
             assert _count_at_or_above(v, t) == int(torch.count_nonzero(v.abs() >= t)), t
+
+
+def test_a_planned_tensor_keeps_exactly_what_is_at_or_above_the_sets_threshold() -> None:
+    """The plan counted each tensor at one threshold; the selection keeps that set, even
+    at a density where it would otherwise sort (over 20 %)."""
+    gen = torch.Generator().manual_seed(7)
+    pending = {
+        "loud": torch.randn(400_000, generator=gen) * 2.0,
+        "quiet": torch.randn(400_000, generator=gen),
+    }
+    plan = make_codec("topk", density=0.15).plan(pending)
+    loud = plan["loud"]
+    assert loud.density > 0.2
+    threshold = loud._threshold
+    assert threshold is not None and plan["quiet"]._threshold == threshold
+    for key, codec in plan.items():
+        x = pending[key]
+        y = decode_payload(codec.encode(x), shape=x.shape)
+        assert torch.equal(y != 0, x.abs() >= threshold), key
+        assert int((y != 0).sum()) == codec.k_for(x.numel())
+
+
+def test_a_planned_tensor_with_nothing_above_the_threshold_still_decodes() -> None:
+    """Its density falls to MIN_DENSITY; k is never below what the decoder accepts (2 of
+    2,496,400 elements, a 1580 x 1580 layer, was refused)."""
+    gen = torch.Generator().manual_seed(8)
+    pending = {
+        "loud": torch.randn(100_000, generator=gen),
+        "quiet": torch.randn(1580, 1580, generator=gen) * 1e-6,
+    }
+    codec = make_codec("topk", density=0.01).plan(pending)["quiet"]
+    k = codec.k_for(pending["quiet"].numel())
+    assert k >= pending["quiet"].numel() * MIN_DENSITY
+    y = decode_payload(codec.encode(pending["quiet"]), shape=(1580, 1580))
+    assert int((y != 0).sum()) == k
