@@ -265,7 +265,7 @@ class Intake:
             connections = session.connections if session.stripe_token else 0
             link = fed.links.get(session)
             nbytes = link.upload_done(
-                session.bytes_up, time.monotonic(), inbound.train_s, connections
+                session.bytes_up, time.monotonic(), inbound.train_s, connections, inbound.seen
             )
             session.transfers[inbound.round] = [nbytes, 0]
             for old in sorted(session.transfers)[:-TRANSFERS_KEPT]:

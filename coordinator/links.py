@@ -174,10 +174,16 @@ class LinkState:
             self._upload = (now_s, bytes_up)
 
     def upload_done(
-        self, bytes_up: int, now_s: float, train_s: float = 0.0, connections: int = 0
+        self,
+        bytes_up: int,
+        now_s: float,
+        train_s: float = 0.0,
+        connections: int = 0,
+        chunks: int = 0,
     ) -> int:
-        """An upload ended: time it for the monitor and, on a session that stripes over
-        ``connections``, let the policy choose the link's N. Its bytes (0 if untimed)."""
+        """An upload of ``chunks`` chunks ended: time it for the monitor and, on a session
+        that stripes over ``connections``, let the policy choose the link's N. Its bytes
+        (0 if untimed)."""
         with self.lock:
             if math.isfinite(train_s) and train_s >= 0:
                 self.train_s = train_s
@@ -191,10 +197,10 @@ class LinkState:
             self._upload = None
             self._advance(now_s)  # first: the N step sees the RTT of the windows that ended
             if math.isfinite(goodput_mbit):
-                self._choose_streams(goodput_mbit, connections)
+                self._choose_streams(goodput_mbit, connections, chunks)
             return nbytes
 
-    def _choose_streams(self, goodput_mbit: float, connections: int) -> None:
+    def _choose_streams(self, goodput_mbit: float, connections: int, chunks: int = 0) -> None:
         """One step of the N policy on an upload's goodput (under the lock); an upload
         that did not run on the N the link was told (a lane died, the agent had not
         resized yet) says nothing about that N."""
@@ -208,6 +214,7 @@ class LinkState:
             self.stream_loss_pct(),
             self.streams_config,
             rate_mbit=self.rate_mbit,
+            chunks=chunks,
         )
         log.debug(
             "[Coordinator.Streams] step streams=%d next=%d rtt_ms=%.1f loss_pct=%.2f "

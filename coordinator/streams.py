@@ -149,19 +149,34 @@ def step(
     loss_pct: float,
     config: StreamsConfig,
     rate_mbit: float = math.nan,
+    chunks: int = 0,
 ) -> Decision:
     """One upload's step: ``goodput_mbit`` is what the link moved over ``state.streams``
     streams, at the link's current ``rtt_ms`` and ``loss_pct``; ``rate_mbit`` is the
-    link's rate where the operator knows it (nan, or 0: not known)."""
+    link's rate where the operator knows it (nan, or 0: not known); ``chunks`` what the
+    upload was cut into (0: not known).
+
+    A chunk travels whole on one stream, so an upload of c chunks keeps at most c streams
+    busy: N never goes above c. Without that bound a sparse codec's upload of one or two
+    chunks (Top-k at 10M: 0.8 MB) probed 4 and 16 streams whose cold connections only cost
+    their handshakes (on transpacific N = 1 was 2x faster than the monitor's N:
+    docs/striping.md)."""
     cap = mathis_mbit(rtt_ms, loss_pct, config.mss_bytes)
     rate = rate_mbit if math.isfinite(rate_mbit) and rate_mbit > 0 else math.nan
     n, grow = state.streams, 1 + config.grow_pct / 100
+    most = max(config.min_streams, min(config.max_streams, chunks)) if chunks > 0 else 0
+    most = most or config.max_streams
 
     def decide(next_: StreamsState, reason: str) -> Decision:
         return Decision(next_, goodput_mbit, cap, reason, rtt_ms, loss_pct, rate)
 
     if not (goodput_mbit > 0 and math.isfinite(goodput_mbit)) or math.isnan(cap):
         return decide(state, "nothing measured")
+    if n > most:
+        return decide(
+            StreamsState(streams=most, failed_at=state.failed_at),
+            f"an upload of {chunks} chunks keeps at most {chunks} streams busy",
+        )
     if state.probe_from and state.warmup:
         return decide(replace(state, warmup=state.warmup - 1), f"{n} new streams warming up")
     if state.probe_from:
@@ -182,8 +197,8 @@ def step(
         return decide(replace(state, hold=state.hold - 1), "holding after a probe")
     each = goodput_mbit / n
     full = goodput_mbit >= config.full_frac * rate  # False while the rate is not known
-    if n < config.max_streams and not full:
-        to, why = _wider(n, each, cap, goodput_mbit, rate, config)
+    if n < most and not full:
+        to, why = _wider(n, each, cap, goodput_mbit, rate, config, most)
         if state.failed_at and to >= state.failed_at:
             to = max(n + 1, (n + state.failed_at) // 2)  # half-way to the N that did not pay
         if to > n:
@@ -201,11 +216,10 @@ def step(
 
 
 def _wider(
-    n: int, each: float, cap: float, goodput: float, rate: float, config: StreamsConfig
+    n: int, each: float, cap: float, goodput: float, rate: float, config: StreamsConfig, most: int
 ) -> tuple[int, str]:
-    """The N a probe up tries from ``n`` (``n``: none), and why; within ``max_streams``.
+    """The N a probe up tries from ``n`` (``n``: none), and why; within ``most`` streams.
     ``cap``: Mathis's (inf where no loss was measured)."""
-    most = config.max_streams
     if each >= config.loss_limited_frac * cap:
         why = f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap"
         if math.isfinite(rate):  # Mathis's N for the whole rate (cap is finite here)

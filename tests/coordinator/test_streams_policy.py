@@ -233,3 +233,28 @@ def test_a_first_upload_that_ends_before_the_first_window_still_chooses_n():
     link.upload_done(4_000_000, t0 + 1.5, connections=1)  # 23 Mbit/s of 100
     assert link.monitor.windows == 0
     assert links.streams_at_boundary(session) == 5  # ceil(100 / 23)
+
+
+def test_an_upload_of_few_chunks_never_probes_more_streams_than_it_has_chunks():
+    # Top-k's 0.8 MB upload is one or two chunks: extra streams would only open cold
+    # connections (each chunk travels whole on one stream).
+    cap = mathis_mbit(255, 1.4)
+    state = StreamsState()
+    for _ in range(6):
+        goodput = 0.9 * cap * state.streams  # loss-limited: each stream adds its cap
+        state = step(state, goodput, 255, 1.4, cold(), chunks=2).state
+        assert state.streams <= 2
+    assert state.streams == 2  # loss-limited: as many as the chunks
+
+
+def test_a_link_on_more_streams_than_its_upload_has_chunks_steps_down_at_once():
+    # A switch to a sparser codec: 16 streams, then uploads of 3 chunks.
+    decision = step(StreamsState(streams=16), 5.0, 120, 0.5, cold(), chunks=3)
+    assert decision.state == StreamsState(streams=3)
+    assert "3 chunks" in decision.reason
+    # min_streams still holds, and an unknown count (0) bounds nothing.
+    assert (
+        step(StreamsState(streams=16), 5.0, 120, 0.5, cold(min_streams=4), chunks=1).state.streams
+        == 4
+    )
+    assert step(StreamsState(streams=16), 5.0, 120, 0.5, cold(), chunks=0).state.streams == 16
