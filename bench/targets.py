@@ -11,10 +11,11 @@ A codec's compression ratio is not what a user pays; bytes (and steps) to a loss
 reference is data parallelism as all-reduce runs it: every step, every site's gradient
 goes up in FP32 and the mean comes back in FP32, and the task's optimizer steps on it
 (``Exchange.data_parallel_step``). Its held-out loss after S steps, seed by seed, is the
-target: the point target, one evaluation at S, and the smoothed target, the mean of its
-11 evaluations at S - 5e ... S + 5e (e = 2 % of S), which estimates the same curve at S
-without the one draw's noise. Each has its table; the per-seed table after them gives
-both targets and each configuration's steps to each. Every configuration (local steps, outer optimizer, codec) then runs the
+target: the point target, one evaluation at S; the smoothed target, the mean of its 11
+evaluations at S - 5e ... S + 5e (e = 2 % of S), which estimates the same curve at S
+without the one draw's noise; and the banded target, the smoothed one plus that mean's
+standard error (a seed reached within the target's own noise). Each has its table; the
+per-seed table after them gives the targets and each configuration's steps to each. Every configuration (local steps, outer optimizer, codec) then runs the
 federation's round (``convergence.Exchange``: each site's codec with its own error
 feedback, the mean, the coordinator's :class:`~skyfed.coordinator.outer.OuterOptimizer`,
 the downlink's codec with the coordinator's error feedback) until its held-out loss
@@ -28,8 +29,8 @@ the reference's bytes to those (per seed, then mean ± standard error), and the 
 local compute to the target as a multiple of S. The last line names the configuration
 with the largest ratio (the smaller over both tasks) among those that reached the target
 on every seed of every task within 1.5x the steps; if none did, the largest ratio at any
-step count, with its step multiple. The last line is the smoothed target's; the line
-before it the point target's.
+step count, with its step multiple. The last line is the smoothed target's; the two
+before it the point and the banded targets'.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ QUICK = Sizes(
 
 
 SMOOTH = 5  # the smoothed target: the mean of DP's evaluations S-5e ... S+5e (e: eval_every)
-TARGETS = ("point", "smoothed")  # the target's definitions, each with its table
+TARGETS = ("point", "smoothed", "banded")  # the target's definitions, each with its table
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +183,14 @@ class Reference:
     bytes: int  # both ways, over the S steps
     framing: int  # of those, the frames' headers
     smoothed: float = math.nan  # the mean of the 2 * SMOOTH + 1 evaluations centred on S
+    noise: float = 0.0  # that mean's standard error (the evaluations' spread / sqrt(11))
 
     def of(self, kind: str) -> float:
-        """The target of that definition (:data:`TARGETS`)."""
-        return self.target if kind == "point" else self.smoothed
+        """The target of that definition (:data:`TARGETS`); ``banded``: the smoothed target
+        plus its own standard error, a seed reached within the target's noise."""
+        if kind == "point":
+            return self.target
+        return self.smoothed + (self.noise if kind == "banded" else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +227,8 @@ def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
             window.append(point)
         elif abs(step - sizes.steps) <= SMOOTH * every and (step - sizes.steps) % every == 0:
             window.append(task.eval_loss(model))
-    return Reference(point, total, framing, statistics.fmean(window))
+    noise = statistics.stdev(window) / math.sqrt(len(window)) if len(window) > 1 else 0.0
+    return Reference(point, total, framing, statistics.fmean(window), noise)
 
 
 Trajectory = list[Reached]  # every evaluation of one run, in order (``reached`` unset)
@@ -420,9 +426,11 @@ def run(
                     if kind == "point"
                     else f"averaged over its {2 * SMOOTH + 1} evaluations S ± {SMOOTH}x"
                     f"{sizes.eval_every} steps, S={sizes.steps}"
+                    + (", plus that mean's standard error" if kind == "banded" else "")
                 )
+                name = {"point": "", "smoothed": "smoothed ", "banded": "banded "}[kind]
                 print(
-                    f"\n{t}: {'' if kind == 'point' else 'smoothed '}target held-out loss "
+                    f"\n{t}: {name}target held-out loss "
                     f"{target[0]:.4f} ± {target[1]:.4f} = per-step FP32 data-parallel {what}, "
                     f"{sizes.sites} sites; its bytes to target {ref[0].bytes / 1e6:.3f} MB; cap "
                     f"{sizes.cap:g}x S; seeds {sizes.seeds}"
@@ -447,6 +455,7 @@ def run(
             line = best({c: [s[i]] for c, s in summaries[kind].items()})
             print(f"{t}, {kind} target: {line}")
     print(f"point target: {best(summaries['point'])}")
+    print(f"banded target: {best(summaries['banded'])}")
     print(best(summaries["smoothed"]))
 
 
@@ -458,13 +467,16 @@ def _per_seed(
     runs: dict[tuple[str, Config, int], Future[Trajectory]],
     width: int,
 ) -> None:
-    """Each seed's two targets, and each configuration's steps/S to them ("-": not within
+    """Each seed's targets, and each configuration's steps/S to them ("-": not within
     the cap; after it, the lowest held-out loss the run saw): why a seed misses, by how
     much, and whether the target's noise is the reason."""
-    print(f"\n{task} per seed: point / smoothed target; steps/S to each (-: not within the cap)")
-    cells = "".join(f"{f'seed {s}':>22}" for s in sizes.seeds)
+    print(
+        f"\n{task} per seed: point / smoothed / banded target; steps/S to each "
+        "(-: not within the cap)"
+    )
+    cells = "".join(f"{f'seed {s}':>29}" for s in sizes.seeds)
     print(f"{'':<{width}}{cells}")
-    cells = "".join(f"{f'{r.target:.4f} / {r.smoothed:.4f}':>22}" for r in ref)
+    cells = "".join(f"{' / '.join(f'{r.of(k):.4f}' for k in TARGETS):>29}" for r in ref)
     print(f"{'DP target':<{width}}{cells}")
     for c in configs:
         cells = ""
@@ -472,7 +484,7 @@ def _per_seed(
             evaluations = runs[task, c, s].result()
             steps = [first(evaluations, r.of(k)) for k in TARGETS]
             text = " / ".join(f"{x.steps / sizes.steps:.2f}" if x.reached else "-" for x in steps)
-            if not steps[-1].reached:
+            if not steps[1].reached:  # the smoothed target's
                 text += f" ({min(e.loss for e in evaluations):.4f})"
-            cells += f"{text:>22}"
+            cells += f"{text:>29}"
         print(f"{label(c):<{width}}{cells}")
