@@ -187,7 +187,7 @@ class LinkState:
         with self.lock:
             if math.isfinite(train_s) and train_s >= 0:
                 self.train_s = train_s
-            nbytes, goodput_mbit = 0, math.nan
+            nbytes, goodput_mbit, seconds = 0, math.nan, math.nan
             if self._upload is not None:
                 t0, b0 = self._upload
                 nbytes, seconds = bytes_up - b0, now_s - t0
@@ -197,10 +197,12 @@ class LinkState:
             self._upload = None
             self._advance(now_s)  # first: the N step sees the RTT of the windows that ended
             if math.isfinite(goodput_mbit):
-                self._choose_streams(goodput_mbit, connections, chunks)
+                self._choose_streams(goodput_mbit, connections, chunks, seconds)
             return nbytes
 
-    def _choose_streams(self, goodput_mbit: float, connections: int, chunks: int = 0) -> None:
+    def _choose_streams(
+        self, goodput_mbit: float, connections: int, chunks: int = 0, seconds: float = math.nan
+    ) -> None:
         """One step of the N policy on an upload's goodput (under the lock); an upload
         that did not run on the N the link was told (a lane died, the agent had not
         resized yet) says nothing about that N."""
@@ -215,6 +217,7 @@ class LinkState:
             self.streams_config,
             rate_mbit=self.rate_mbit,
             chunks=chunks,
+            seconds=seconds,
         )
         log.debug(
             "[Coordinator.Streams] step streams=%d next=%d rtt_ms=%.1f loss_pct=%.2f "

@@ -68,6 +68,13 @@ class StreamsConfig:
     would carry the rate at the streams' goodput."""
     mss_bytes: int = 1448
     """TCP segment payload the model assumes (1500-byte MTU, IPv4, timestamps)."""
+    min_transfer_rtts: float = 8.0
+    """An upload shorter than this many round trips probes no more streams: Mathis's
+    model is TCP's steady state, and a transfer of a few round trips is mostly slow
+    start (from an initial window of 10 segments, 8 round trips reach 2500 segments, a
+    100 Mbit/s x 250 ms path's window). Top-k's 0.8 MB uploads took 2-4 round trips on
+    the lossy lab links and its probes to 4 streams only cost them (docs/striping.md). 0:
+    any upload may probe."""
 
     def __post_init__(self) -> None:
         require("streams", 1 <= self.max_streams <= 64, "max_streams", self.max_streams, "in 1..64")
@@ -87,6 +94,8 @@ class StreamsConfig:
         require(
             "streams", 500 <= self.mss_bytes <= 9000, "mss_bytes", self.mss_bytes, "in 500..9000"
         )
+        rtts = self.min_transfer_rtts
+        require("streams", 0 <= rtts <= 1000, "min_transfer_rtts", rtts, "in 0..1000")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +159,12 @@ def step(
     config: StreamsConfig,
     rate_mbit: float = math.nan,
     chunks: int = 0,
+    seconds: float = math.nan,
 ) -> Decision:
     """One upload's step: ``goodput_mbit`` is what the link moved over ``state.streams``
     streams, at the link's current ``rtt_ms`` and ``loss_pct``; ``rate_mbit`` is the
     link's rate where the operator knows it (nan, or 0: not known); ``chunks`` what the
-    upload was cut into (0: not known).
+    upload was cut into (0: not known); ``seconds`` how long it took (nan: not known).
 
     A chunk travels whole on one stream, so an upload of c chunks keeps at most c streams
     busy: N never goes above c. Without that bound a sparse codec's upload of one or two
@@ -197,7 +207,8 @@ def step(
         return decide(replace(state, hold=state.hold - 1), "holding after a probe")
     each = goodput_mbit / n
     full = goodput_mbit >= config.full_frac * rate  # False while the rate is not known
-    if n < most and not full:
+    short = seconds * 1000 < config.min_transfer_rtts * rtt_ms  # False while not known
+    if n < most and not full and not short:
         to, why = _wider(n, each, cap, goodput_mbit, rate, config, most)
         if state.failed_at and to >= state.failed_at:
             to = max(n + 1, (n + state.failed_at) // 2)  # half-way to the N that did not pay
@@ -212,7 +223,11 @@ def step(
         to = max(config.min_streams, n // 2)
         probe = replace(state, streams=to, probe_from=n, probe_from_mbit=goodput_mbit)
         return decide(probe, f"each stream moves {each:.2f} of its {cap:.2f} Mbit/s cap")
-    return decide(state, "the path is full" if full else "steady")
+    if full:
+        return decide(state, "the path is full")
+    if short and n < most:
+        return decide(state, f"an upload of {seconds * 1000 / rtt_ms:.1f} round trips: slow start")
+    return decide(state, "steady")
 
 
 def _wider(

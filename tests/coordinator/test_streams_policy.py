@@ -258,3 +258,18 @@ def test_a_link_on_more_streams_than_its_upload_has_chunks_steps_down_at_once():
         == 4
     )
     assert step(StreamsState(streams=16), 5.0, 120, 0.5, cold(), chunks=0).state.streams == 16
+
+
+def test_an_upload_of_a_few_round_trips_probes_no_more_streams():
+    # Top-k's 0.8 MB in 0.6 s at 255 ms is slow start, whatever Mathis's cap says; the
+    # same goodput over 3 s (12 round trips) is a stream at its cap.
+    cap = mathis_mbit(255, 1.4)
+    short = step(StreamsState(), 4 * cap, 255, 1.4, cold(), seconds=0.6)
+    assert short.state.streams == 1 and "slow start" in short.reason
+    assert step(StreamsState(), 4 * cap, 255, 1.4, cold(), seconds=3.0).state.streams == 4
+    assert (
+        step(
+            StreamsState(), 4 * cap, 255, 1.4, cold(min_transfer_rtts=0), seconds=0.6
+        ).state.streams
+        == 4
+    )
