@@ -8,35 +8,11 @@ import logging
 
 from rich.console import Console
 
-from skyfed.compression import codec_names
 from skyfed.coordinator.admin import agents_table
 from skyfed.coordinator.snapshot import to_data
-from skyfed.fingerprint import weights_digest
-from skyfed.proto import federation_pb2 as pb
-from skyfed.proto.serde import specs_to_proto
 
-from ..coordinator.test_bad_input import contribution, deltas, model_and_spec, send
-from .test_monitor_coordinator import ADAPTIVE, Probes, beat
-
-
-def join(agent, cloud: str, name: str, local_steps: int) -> pb.Welcome:
-    """A hello as the agent sends it, with ``local_steps`` (0: as an agent from before
-    the field, which leaves it unset)."""
-    weights, spec = model_and_spec()
-    hello = pb.Hello(
-        cloud=cloud,
-        name=name,
-        task="chargpt",
-        tensors=specs_to_proto(spec),
-        codecs=codec_names(),
-        last_round=-1,
-        weights_digest=weights_digest(weights),
-        local_steps=local_steps,
-    )
-    agent.send(hello=hello)
-    welcome = agent.expect("welcome").welcome
-    agent.probes = Probes(welcome)
-    return welcome
+from ..coordinator.test_bad_input import contribution, deltas, send
+from .test_monitor_coordinator import ADAPTIVE, beat, join
 
 
 def test_far_link_of_128_local_steps_gets_ecsgd_2_bit_in_blocks_of_128(serve, raw_agent, caplog):

@@ -27,7 +27,9 @@ ADAPTIVE = {
 }
 
 
-def join(agent, cloud: str, name: str) -> pb.Welcome:
+def join(agent, cloud: str, name: str, local_steps: int = 0) -> pb.Welcome:
+    """A hello as the agent sends it, with ``local_steps`` (0: as an agent from before
+    the field, which leaves it unset)."""
     weights, spec = model_and_spec()
     hello = pb.Hello(
         cloud=cloud,
@@ -37,6 +39,7 @@ def join(agent, cloud: str, name: str) -> pb.Welcome:
         codecs=codec_names(),
         last_round=-1,
         weights_digest=weights_digest(weights),
+        local_steps=local_steps,
     )
     agent.send(hello=hello)
     welcome = agent.expect("welcome").welcome
