@@ -174,8 +174,9 @@ def step(
     cap = mathis_mbit(rtt_ms, loss_pct, config.mss_bytes)
     rate = rate_mbit if math.isfinite(rate_mbit) and rate_mbit > 0 else math.nan
     n, grow = state.streams, 1 + config.grow_pct / 100
-    most = max(config.min_streams, min(config.max_streams, chunks)) if chunks > 0 else 0
-    most = most or config.max_streams
+    most = config.max_streams  # the streams this upload could keep busy
+    if chunks > 0:
+        most = max(config.min_streams, min(most, chunks))
 
     def decide(next_: StreamsState, reason: str) -> Decision:
         return Decision(next_, goodput_mbit, cap, reason, rtt_ms, loss_pct, rate)
