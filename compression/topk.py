@@ -252,7 +252,12 @@ class TopK(Codec):
         if len(big) < 2 or self.density >= 1.0:
             return plan
         stride = max(1, total // _PLAN_SAMPLE)
-        sample = torch.cat([v.detach().reshape(-1)[::stride].abs() for v in big.values()])
+        strided = [v.detach().reshape(-1)[::stride] for v in big.values()]
+        sample = torch.empty(sum(s.numel() for s in strided))
+        at = 0
+        for s in strided:  # |v| straight into the one sample: no per-tensor copies to join
+            torch.abs(s, out=sample[at : at + s.numel()])
+            at += s.numel()
         rank = max(1, round(self.density * sample.numel()))
         threshold = quantile(sample, rank)  # the rank-th largest, by selection: no sort
         if not (math.isfinite(threshold) and threshold > 0.0):

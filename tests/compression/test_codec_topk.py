@@ -79,6 +79,30 @@ def test_mostly_zero_tensor_sends_its_non_zeros_only() -> None:
     assert torch.equal(y, x)
 
 
+def test_a_dense_k_over_a_sparser_mean_keeps_its_non_zeros_without_a_full_topk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broadcast of 8 agents' 5 % uplinks: k is 40 % of the tensor and the mean has
+    about 34 % non-zeros. The selection keeps exactly those, the sum fused, and never
+    reaches torch.topk (copies of the tensor's size: the close's memory budget)."""
+    import skyfed.compression.select as select
+
+    n, gen = 1_000_000, torch.Generator().manual_seed(3)
+    e, g = torch.zeros(n), torch.zeros(n)
+    for _ in range(4):
+        e[torch.randperm(n, generator=gen)[: n // 20]] = 1.0
+        g[torch.randperm(n, generator=gen)[: n // 20]] = 2.0
+    p = e + g
+
+    def refuse(flat_N: torch.Tensor, k: int) -> None:
+        raise AssertionError("the exact top-k ran")
+
+    monkeypatch.setattr(select, "_exact", refuse)
+    idx = TopKSelector().select(e, 400_000, add_N=g)
+    assert torch.equal(e, p)
+    assert torch.equal(idx, torch.nonzero(p).view(-1))
+
+
 def test_ties_that_no_threshold_can_split_give_exactly_k() -> None:
     x = torch.ones(300_000)
     idx = TopKSelector().select(x, 3000)
