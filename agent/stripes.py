@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from skyfed.netinfo import log_send_buffering
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
@@ -64,6 +65,7 @@ class Stripes:
         """Lanes opened since the last :meth:`wait_ready`: the futures of their channels'
         connections."""
         self._closed = False
+        self._buffers_checked = False
         self.ended = 0
         """Lanes that ended under the session (a connection that died)."""
 
@@ -78,6 +80,9 @@ class Stripes:
         with self._lock:
             if self._closed or 1 + len(self._open) == max(1, streams):
                 return
+            if streams > 1 and not self._buffers_checked:  # once, at the first striping
+                self._buffers_checked = True
+                log_send_buffering("agent", streams)
             while 1 + len(self._open) < streams:
                 self._start()
             while 1 + len(self._open) > max(1, streams):

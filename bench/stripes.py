@@ -5,6 +5,9 @@
     sudo python bench/stripes.py --task 'skyfed.tasks.examples:wide?params=1M' \
         --max-chunk-bytes 65536 --streams 1,16,auto,auto-norate --rounds 6
     python bench/stripes.py --loopback --streams 1,4,16  # no lab: what striping costs in CPU
+    sudo python bench/stripes.py --task 'skyfed.tasks.examples:wide?params=1M' \
+        --max-chunk-bytes 65536 --streams 1,auto --rounds 6 \
+        --notsent-lowat 4294967295,131072,32768   # the send-buffer bound, side by side
 
 Builds a network lab (root, network namespaces) with one agent on ``--profile`` and, for
 each N, runs a federation of ``--rounds`` rounds of FP32 chargpt (548 kB each way a round)
@@ -18,6 +21,9 @@ goodput of the exchange (its bytes over its time), the median exchange, its floo
 profile's rate and their ratio, and the N the rounds ran on. The measurement behind the
 default ``max_streams``. ``--loopback`` runs the same on 127.0.0.1 without a lab: no
 loss, no delay, so the goodput is what this host's CPUs allow at each N.
+``--notsent-lowat`` runs every N once per value of ``net.ipv4.tcp_notsent_lowat``, set in
+the lab's namespaces (the lab's own is ``skyfed.netinfo.STRIPED_NOTSENT_LOWAT``;
+``docs/striping.md#send-buffers``).
 """
 
 from __future__ import annotations
@@ -121,6 +127,9 @@ def main() -> None:
     parser.add_argument("--max-chunk-bytes", type=int, help="The coordinator's chunk size.")
     parser.add_argument("--timeout-s", type=float, default=420.0)
     parser.add_argument("--loopback", action="store_true", help="127.0.0.1, no lab, no root.")
+    parser.add_argument(
+        "--notsent-lowat", help="Comma-separated tcp_notsent_lowat values: every N at each."
+    )
     args = parser.parse_args()
     load_catalog().profile(args.profile)  # a clear error for an unknown profile
     spec = LabSpec(agents=(AgentSpec(name=AGENT, profile=args.profile),))
@@ -140,13 +149,20 @@ def main() -> None:
     with Lab(spec=spec) as lab, tempfile.TemporaryDirectory() as tmp:
         for report in check_lab(lab, CheckSettings(probes=2000, rate_duration_s=1.0)):
             print(report.summary())
-        print(f"\n{header}\n|---|---|---|---|---|---|")
-        rounds = []
-        for i, streams in enumerate(args.streams.split(",")):
-            result = run(lab, streams, args, Path(tmp) / f"n{streams}", 7443 + i)
+        lowats = args.notsent_lowat.split(",") if args.notsent_lowat else [""]
+        rounds, runs = [], [(lowat, n) for lowat in lowats for n in args.streams.split(",")]
+        for i, (lowat, streams) in enumerate(runs):
+            if lowat and (i == 0 or runs[i - 1][0] != lowat):
+                for ns in lab.hosts.values():
+                    ns.set_sysctls({"net.ipv4.tcp_notsent_lowat": lowat})
+                print(f"\nnet.ipv4.tcp_notsent_lowat = {lowat}")
+            if i == 0 or runs[i - 1][0] != lowat:
+                print(f"\n{header}\n|---|---|---|---|---|---|")
+            label = f"{streams}, lowat {lowat}" if lowat else streams
+            result = run(lab, streams, args, Path(tmp) / f"n{streams}-{lowat}", 7443 + i)
             print(row(result), flush=True)
             each = (f"{x['streams']} @ {float(x['goodputMbit']):.1f}" for x in result["links"])
-            rounds.append(f"{streams}: " + ", ".join(each))
+            rounds.append(f"{label}: " + ", ".join(each))
         print("\nper round from round 1 (N @ goodput Mbit/s):\n" + "\n".join(rounds))
 
 

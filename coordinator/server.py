@@ -26,7 +26,7 @@ from skyfed.coordinator.service import serve_federation
 from skyfed.fingerprint import model_spec
 from skyfed.metrics.coordinator import CoordinatorCollector
 from skyfed.metrics.http import MetricsServer
-from skyfed.netinfo import log_congestion_control
+from skyfed.netinfo import log_congestion_control, log_send_buffering
 from skyfed.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     observer.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
     log_congestion_control(None, "coordinator")  # each session logs its route's (docs/wan.md)
+    log_send_buffering("coordinator", config.streams.max_streams)
     if config.port_file is not None:
         config.port_file.write_text(f"{port}\n")
     try:

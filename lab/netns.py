@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfed.netinfo import STRIPED_NOTSENT_LOWAT
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "sfl"
@@ -30,10 +32,12 @@ TCP_SETTINGS: dict[str, str] = {
     "net.ipv4.tcp_rmem": "4096 131072 33554432",
     "net.ipv4.tcp_wmem": "4096 16384 33554432",
     "net.ipv4.tcp_no_metrics_save": "1",
+    "net.ipv4.tcp_notsent_lowat": str(STRIPED_NOTSENT_LOWAT),
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
 }
 """Pinned in every namespace: the host default (BBR) ignores random loss, CUBIC does not.
+Unsent socket data is bounded as docs/striping.md#send-buffers tells hosts that stripe.
 IPv6 is off so that no neighbour discovery crosses (and is counted on) the shaped links."""
 
 

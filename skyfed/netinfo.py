@@ -1,4 +1,4 @@
-"""What the network gives this host's connections to a peer: the TCP congestion control.
+"""What the network gives this host's connections to a peer: congestion control, send buffering.
 
 gRPC's Python API has no socket hook, so a service cannot choose its connections'
 congestion control; it can say which one they get. The route to the peer decides first
@@ -21,6 +21,17 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_CC = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+NOTSENT_LOWAT = Path("/proc/sys/net/ipv4/tcp_notsent_lowat")
+STRIPED_NOTSENT_LOWAT = 32768
+"""The bound on a socket's not-yet-sent bytes that hosts whose sessions stripe should set
+(``net.ipv4.tcp_notsent_lowat``; the kernel's default is unlimited), and the lab sets.
+gRPC takes a lane's next chunk as soon as the socket accepts the last, so without a bound
+the slowest connection's send buffer (autotuned to MBs) swallows chunks the other lanes
+could carry: on the cross-region lab link a broadcast ran 8 s on one connection at 2.5
+Mbit/s while 15 idled, and 16 streams moved 5-19 Mbit/s against 26-46 with this bound
+(docs/striping.md#send-buffers). It costs no rate on the lab's 1 Gbit/s x 50 ms link."""
+UNBOUNDED_NOTSENT = 1 << 20
+"""Above this many bytes the bound does not bound anything a striped transfer notices."""
 MSS_BYTES = 1448
 """A TCP segment's payload at MTU 1500 with timestamps, for Mathis's formula."""
 CAPPED_BELOW = 0.25
@@ -105,6 +116,38 @@ def log_congestion_control(peer: str | None, role: str) -> CongestionControl:
     shown = peer or "(host default)"
     logger.info("[NetInfo.CC] role=%s peer=%s cc=%s source=%s", role, shown, cc.name, cc.source)
     return cc
+
+
+def notsent_lowat() -> int | None:
+    """``net.ipv4.tcp_notsent_lowat`` of this host (its network namespace), or None where
+    it cannot be read (not Linux)."""
+    try:
+        return int(NOTSENT_LOWAT.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def notsent_lowat_warning(lowat: int | None, max_streams: int) -> str | None:
+    """The warning for a host that stripes sessions with unbounded unsent socket data, or
+    None (no striping, a bound of at most :data:`UNBOUNDED_NOTSENT`, or unknown)."""
+    if max_streams <= 1 or lowat is None or lowat <= UNBOUNDED_NOTSENT:
+        return None
+    return (
+        f"net.ipv4.tcp_notsent_lowat is {lowat}: a striped session's slowest connection can "
+        f"hold MBs of chunks while its other connections idle; set it to {STRIPED_NOTSENT_LOWAT} "
+        "(docs/striping.md#send-buffers)"
+    )
+
+
+def log_send_buffering(role: str, max_streams: int) -> int | None:
+    """Log this host's ``tcp_notsent_lowat`` (and return it); warn where striping
+    sessions need a bound it lacks."""
+    lowat = notsent_lowat()
+    logger.info("[NetInfo.SendBuffer] role=%s notsent_lowat=%s", role, lowat)
+    warning = notsent_lowat_warning(lowat, max_streams)
+    if warning:
+        logger.warning("[NetInfo.SendBuffer] role=%s %s", role, warning)
+    return lowat
 
 
 def _route_congctl(addr: str) -> str | None:

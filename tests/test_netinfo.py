@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from skyfed.netinfo import (
+    STRIPED_NOTSENT_LOWAT,
     CongestionControl,
     congestion_control,
     loss_cap_warning,
     mathis_mbit,
+    notsent_lowat,
+    notsent_lowat_warning,
     peer_host,
 )
 
@@ -65,3 +68,18 @@ def test_a_links_loss_capped_cubic_is_warned_about_once(caplog):
     links.open(bbr, 0)
     links.warn_if_loss_capped(bbr, rtt_ms=120.0, loss_pct=0.5, rate_mbit=100.0)
     assert not [r for r in caplog.records if "gcp-1" in r.getMessage()]
+
+
+def test_a_striping_host_without_a_bound_on_unsent_socket_data_is_warned() -> None:
+    unlimited = 4294967295  # the kernel's default
+    text = notsent_lowat_warning(unlimited, max_streams=16)
+    assert text is not None and f"tcp_notsent_lowat is {unlimited}" in text
+    assert str(STRIPED_NOTSENT_LOWAT) in text and "docs/striping.md" in text
+    assert notsent_lowat_warning(unlimited, max_streams=1) is None  # never stripes
+    assert notsent_lowat_warning(STRIPED_NOTSENT_LOWAT, max_streams=16) is None
+    assert notsent_lowat_warning(None, max_streams=16) is None  # not Linux: nothing to say
+
+
+def test_the_hosts_notsent_lowat_is_read_from_proc() -> None:
+    path = Path("/proc/sys/net/ipv4/tcp_notsent_lowat")
+    assert notsent_lowat() == int(path.read_text())
