@@ -386,7 +386,8 @@ def main() -> None:
         "--configs",
         default="",
         help="--to-target: these configurations instead of the grid, ';'-separated, e.g. "
-        '"H=16 sgd topk 1%% 2-bit; H=64 nesterov:lr=0.3,m=0.8 fp16"',
+        '"H=16 sgd topk 1%% 2-bit; H=64 nesterov:lr=0.3,m=0.8 fp16"; "H=128,lr=4.5e-3 ...": '
+        "the local steps' own inner AdamW rate (the reference keeps the task's)",
     )
     parser.add_argument(
         "--cap",

@@ -75,9 +75,11 @@ CODECS: dict[str, Callable[[], Codec]] = {
     "ecsgd 2-bit": _policy_codec("ecsgd"),
 }
 LOCAL_STEPS = (1, 4, 16, 64)
-Config = tuple[int, str, str]  # (local steps, outer optimizer spec, codec label)
+# (local steps, outer optimizer spec, codec label[, inner lr]): ``H=128,lr=4.5e-3`` gives the
+# local steps their own inner AdamW rate (the reference keeps the task's).
+Config = tuple[int, str, str] | tuple[int, str, str, float]
 _CODEC_LABEL = re.compile(r"topk (\d+(?:\.\d+)?)% (int8|[234]-bit)|ecsgd ([124])-bit(?: b(\d+))?")
-_CONFIG_LABEL = re.compile(r"H=(\d+) (\S+) (.+)")
+_CONFIG_LABEL = re.compile(r"H=(\d+)(?:,lr=([0-9.eE+-]+))? (\S+) (.+)")
 
 
 def codec_factory(label: str) -> Callable[[], Codec]:
@@ -115,13 +117,24 @@ def outer_settings(spec: str) -> OuterSettings:
 
 def parse_config(text: str) -> Config:
     """``"H=16 nesterov:lr=0.3,m=0.8 topk 1% 2-bit"`` -> ``(16, "nesterov:lr=0.3,m=0.8",
-    "topk 1% 2-bit")``; ValueError names what is wrong."""
+    "topk 1% 2-bit")``; ``"H=128,lr=4.5e-3 sgd fp32"`` adds the local steps' inner rate as a
+    fourth element; ValueError names what is wrong."""
     match = _CONFIG_LABEL.fullmatch(text.strip())
     if match is None or int(match[1]) < 1:
-        raise ValueError(f"configuration {text!r}: 'H=<local steps> <outer> <codec>'")
-    outer_settings(match[2])
-    codec_factory(match[3])
-    return int(match[1]), match[2], match[3]
+        raise ValueError(
+            f"configuration {text!r}: 'H=<local steps>[,lr=<inner lr>] <outer> <codec>'"
+        )
+    outer_settings(match[3])
+    codec_factory(match[4])
+    if match[2] is None:
+        return int(match[1]), match[3], match[4]
+    try:
+        inner = float(match[2])
+    except ValueError:
+        inner = math.nan
+    if not inner > 0:
+        raise ValueError(f"configuration {text!r}: the inner lr {match[2]!r} must be a number > 0")
+    return int(match[1]), match[3], match[4], inner
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +162,14 @@ class Sizes:
             for codec in self.codecs
         ]
 
-    def task(self, key: str) -> str:
-        """The task's spec, with :attr:`task_options` added to its own."""
+    def task(self, key: str, inner_lr: float | None = None) -> str:
+        """The task's spec, with :attr:`task_options` added to its own, and ``lr=`` (its inner
+        AdamW's rate, both tasks' option) when a configuration sets its own."""
+        options = [o for o in (self.task_options, inner_lr and f"lr={inner_lr!r}") if o]
         spec = TASKS[key]
-        if not self.task_options:
+        if not options:
             return spec
-        return f"{spec}{'&' if '?' in spec else '?'}{self.task_options}"
+        return f"{spec}{'&' if '?' in spec else '?'}{'&'.join(options)}"
 
     @property
     def eval_every(self) -> int:
@@ -238,10 +253,11 @@ def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float)
     """One configuration's rounds until its held-out loss is at most ``target`` (the lower
     of the definitions'), every evaluation on the way: :func:`first` reads off when each
     definition's target was met."""
-    local_steps, outer, codec_label = config
+    local_steps, outer, codec_label = config[:3]
+    inner_lr = config[3] if len(config) > 3 else None  # the local steps' own rate, if set
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(sizes.task(task_key))
+    task = load_task(sizes.task(task_key, inner_lr))
     model = task.build_model(seed)
     sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
     exchange = Exchange(sizes.sites, feedback=True, outer=OuterOptimizer(outer_settings(outer)))
@@ -285,7 +301,7 @@ def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
     """One contribution's bytes per codec of the grid, both ways, and the frames' share:
     what bounds the ratio per round on a model of this many tensors. The delta is a
     site's first round of 16 local steps (seed 0)."""
-    codecs = list(dict.fromkeys(codec for _, _, codec in sizes.grid()))
+    codecs = list(dict.fromkeys(c[2] for c in sizes.grid()))
     for t in tasks:
         torch.manual_seed(0)
         task = load_task(sizes.task(t))
@@ -333,8 +349,9 @@ def _index_bytes(payload: bytes) -> int:
 
 
 def label(config: Config) -> str:
-    local_steps, outer, codec = config
-    return f"H={local_steps} {outer} {codec}"
+    local_steps, outer, codec = config[:3]
+    inner = f",lr={config[3]:g}" if len(config) > 3 else ""
+    return f"H={local_steps}{inner} {outer} {codec}"
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:

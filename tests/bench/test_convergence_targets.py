@@ -66,15 +66,20 @@ def test_configs_option_runs_only_the_named_configurations_at_the_given_sizes():
         "--cap",
         "2",
         "--configs",
-        "H=4 sgd:lr=1.5 ecsgd 2-bit b128; H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit",
+        "H=4 sgd:lr=1.5 ecsgd 2-bit b128; H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit; "
+        "H=4,lr=4.5e-3 sgd fp32",
         timeout=120,
         check=True,
     ).stdout
     lines = out.strip().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("digits: target"))
     assert "after S=8 steps" in lines[header] and "cap 2x S; seeds (0,)" in lines[header]
-    rows = [line.split("  ")[0] for line in lines[header + 2 : header + 4]]
-    assert rows == ["H=4 sgd:lr=1.5 ecsgd 2-bit b128", "H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit"]
+    rows = [line.split("  ")[0] for line in lines[header + 2 : header + 5]]
+    assert rows == [
+        "H=4 sgd:lr=1.5 ecsgd 2-bit b128",
+        "H=2 nesterov:lr=0.3,m=0.8 topk 2% 2-bit",
+        "H=4,lr=0.0045 sgd fp32",  # the local steps' own inner rate
+    ]
 
 
 @pytest.mark.parametrize(
@@ -83,7 +88,8 @@ def test_configs_option_runs_only_the_named_configurations_at_the_given_sizes():
         ("H=4 sgd zip", "codec 'zip'"),
         ("H=4 adam fp32", "outer_optimizer='adam'"),
         ("H=4 nesterov:lr=0.3,beta=2 fp32", "options are lr= and m="),
-        ("sgd fp32", "'H=<local steps> <outer> <codec>'"),
+        ("sgd fp32", "'H=<local steps>[,lr=<inner lr>] <outer> <codec>'"),
+        ("H=4,lr=0 sgd fp32", "the inner lr '0' must be a number > 0"),
     ],
 )
 def test_a_bad_configuration_is_a_one_line_usage_error(configs, message):
