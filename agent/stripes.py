@@ -82,7 +82,7 @@ class Stripes:
                 return
             if streams > 1 and not self._buffers_checked:  # once, at the first striping
                 self._buffers_checked = True
-                log_send_buffering("agent", streams)
+                log_send_buffering("agent", striping=True)
             while 1 + len(self._open) < streams:
                 self._start()
             while 1 + len(self._open) > max(1, streams):

@@ -25,7 +25,7 @@ from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
 from skyfed.coordinator.observed import Observed
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
 from skyfed.coordinator.streams import StreamsConfig, StreamsState
-from skyfed.netinfo import loss_cap_warning
+from skyfed.netinfo import log_send_buffering, loss_cap_warning
 from skyfed.wire import ExchangeTiming, Heartbeat
 
 if TYPE_CHECKING:
@@ -293,6 +293,8 @@ class Links:
                 )
         self.echo: ProbeEcho | None = None
         self._links: dict[str, LinkState] = {}
+        self._buffers_checked = False
+        """Whether the host's send-buffer bound was checked (at the first N > 1)."""
 
     @property
     def start_codec(self) -> str:
@@ -332,6 +334,9 @@ class Links:
         with link.lock:
             wanted, decision = link.streams.streams, link.streams_decided
         wanted = max(1, min(wanted, session.max_streams))
+        if wanted > 1 and not self._buffers_checked:  # once, at the first striped session
+            self._buffers_checked = True
+            log_send_buffering("coordinator", striping=True)
         if wanted != session.streams:
             session.stream_switches += 1
             stats = link.stats()

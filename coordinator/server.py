@@ -110,7 +110,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     observer.start()
     log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
     log_congestion_control(None, "coordinator")  # each session logs its route's (docs/wan.md)
-    log_send_buffering("coordinator", config.streams.max_streams)
+    log_send_buffering("coordinator", striping=False)  # warned at a first N > 1 (links.py)
     if config.port_file is not None:
         config.port_file.write_text(f"{port}\n")
     try:

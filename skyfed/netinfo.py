@@ -127,10 +127,10 @@ def notsent_lowat() -> int | None:
         return None
 
 
-def notsent_lowat_warning(lowat: int | None, max_streams: int) -> str | None:
-    """The warning for a host that stripes sessions with unbounded unsent socket data, or
-    None (no striping, a bound of at most :data:`UNBOUNDED_NOTSENT`, or unknown)."""
-    if max_streams <= 1 or lowat is None or lowat <= UNBOUNDED_NOTSENT:
+def notsent_lowat_warning(lowat: int | None) -> str | None:
+    """The warning for a host whose sessions stripe with unbounded unsent socket data, or
+    None (a bound of at most :data:`UNBOUNDED_NOTSENT`, or unknown)."""
+    if lowat is None or lowat <= UNBOUNDED_NOTSENT:
         return None
     return (
         f"net.ipv4.tcp_notsent_lowat is {lowat}: a striped session's slowest connection can "
@@ -139,12 +139,14 @@ def notsent_lowat_warning(lowat: int | None, max_streams: int) -> str | None:
     )
 
 
-def log_send_buffering(role: str, max_streams: int) -> int | None:
-    """Log this host's ``tcp_notsent_lowat`` (and return it); warn where striping
-    sessions need a bound it lacks."""
+def log_send_buffering(role: str, *, striping: bool) -> int | None:
+    """Log this host's ``tcp_notsent_lowat`` (and return it); with ``striping`` (a session
+    is about to use more than one connection) warn where the bound is missing. Services
+    call it at start without, and at their first striped session with: a federation
+    whose links never stripe needs no sysctl, and a local demo no warning."""
     lowat = notsent_lowat()
     logger.info("[NetInfo.SendBuffer] role=%s notsent_lowat=%s", role, lowat)
-    warning = notsent_lowat_warning(lowat, max_streams)
+    warning = notsent_lowat_warning(lowat) if striping else None
     if warning:
         logger.warning("[NetInfo.SendBuffer] role=%s %s", role, warning)
     return lowat

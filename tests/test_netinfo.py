@@ -72,12 +72,25 @@ def test_a_links_loss_capped_cubic_is_warned_about_once(caplog):
 
 def test_a_striping_host_without_a_bound_on_unsent_socket_data_is_warned() -> None:
     unlimited = 4294967295  # the kernel's default
-    text = notsent_lowat_warning(unlimited, max_streams=16)
+    text = notsent_lowat_warning(unlimited)
     assert text is not None and f"tcp_notsent_lowat is {unlimited}" in text
     assert str(STRIPED_NOTSENT_LOWAT) in text and "docs/striping.md" in text
-    assert notsent_lowat_warning(unlimited, max_streams=1) is None  # never stripes
-    assert notsent_lowat_warning(STRIPED_NOTSENT_LOWAT, max_streams=16) is None
-    assert notsent_lowat_warning(None, max_streams=16) is None  # not Linux: nothing to say
+    assert notsent_lowat_warning(STRIPED_NOTSENT_LOWAT) is None
+    assert notsent_lowat_warning(None) is None  # not Linux: nothing to say
+
+
+def test_the_send_buffer_warning_waits_for_a_striped_session(caplog, monkeypatch) -> None:
+    """At start a service only logs the value; it warns once a session stripes (a local
+    demo whose links never stripe needs no sysctl)."""
+    import skyfed.netinfo as netinfo
+
+    monkeypatch.setattr(netinfo, "notsent_lowat", lambda: 4294967295)
+    caplog.set_level(logging.INFO, logger="skyfed.netinfo")
+    assert netinfo.log_send_buffering("coordinator", striping=False) == 4294967295
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    netinfo.log_send_buffering("coordinator", striping=True)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "tcp_notsent_lowat" in warned[0]
 
 
 def test_the_hosts_notsent_lowat_is_read_from_proc() -> None:
