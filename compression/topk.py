@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from skyfed.compression import frame, lowbit, packing
 from skyfed.compression.base import (
-    BLOCK_NUMEL,
     Codec,
     PayloadError,
     as_flat_f32,
@@ -24,7 +24,7 @@ from skyfed.compression.base import (
 )
 from skyfed.compression.fp import fp16_scale, readonly_tensor
 from skyfed.compression.norms import squared_norm
-from skyfed.compression.select import TopKSelector, count_at_or_above, quantile
+from skyfed.compression.select import TopKSelector, quantile
 
 # The sparsest payload a decoder accepts: it never allocates more than this many dense
 # elements per kept element, so a tiny payload cannot claim a huge tensor.
@@ -54,7 +54,7 @@ class TopK(Codec):
     keeps both what was not selected and the values' rounding error. Selection is a
     sampled threshold (Lin et al. 2018, Deep Gradient Compression) refined to the exact
     set of between ``k`` and ``k (1 + 3 %)`` elements (:class:`TopKSelector`; a tensor
-    :meth:`plan` counted keeps exactly what is at or above the set's threshold); indices
+    of a :meth:`plan`'s set keeps exactly what is at or above the set's threshold); indices
     travel as delta varints or a bitmap, whichever is smaller, zstd-compressed when that
     is smaller still.
 
@@ -94,7 +94,8 @@ class TopK(Codec):
         self.dense_below = dense_below
         self.bits = bits
         self._threshold: float | None = None
-        """Set by :meth:`plan`: the set's threshold, which keeps exactly ``k`` here."""
+        """Set by :meth:`plan`: the set's threshold; each tensor keeps what is at or above
+        it, its ``k`` counted by the selection's own pass (no pass of the plan's)."""
 
     def k_for(self, numel: int) -> int:
         """How many elements a tensor of ``numel`` keeps (all of a small one)."""
@@ -145,8 +146,14 @@ class TopK(Codec):
         """The payload, the kept indices, the values kept there and the values the
         receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``)."""
         n = flat.numel()
+        planned = None if self._threshold is None else self._planned_k(n)
         idx_k, kept_k = _SELECTOR.select_kept(
-            flat, self.k_for(n), add_N=add, threshold=self._threshold, min_k=min_kept(n)
+            flat,
+            self.k_for(n),
+            add_N=add,
+            threshold=self._threshold,
+            min_k=min_kept(n),
+            k_of=planned,
         )
         value_bytes, scale, sent_k = self._quantize(kept_k)
         index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
@@ -243,7 +250,9 @@ class TopK(Codec):
         whose update matters; one threshold moved Top-k 1 %'s final loss from +3.37 % to
         +1.92 % of FP32's on the same three seeds (docs/decisions/topk-threshold-per-tensor.md).
         ``t`` is the ``k``-th
-        magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set.
+        magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set;
+        each tensor's ``k_i`` is counted by its own selection pass as it encodes, which
+        keeps those elements (the plan makes no pass of its own over the tensors).
         Tensors under ``dense_below`` still go whole.
         """
         big = {k: v for k, v in pending.items() if v.numel() >= max(1, self.dense_below)}
@@ -262,13 +271,19 @@ class TopK(Codec):
         threshold = quantile(sample, rank)  # the rank-th largest, by selection: no sort
         if not (math.isfinite(threshold) and threshold > 0.0):
             return plan
-        for key, v in big.items():
-            count = _count_at_or_above(v.detach(), threshold)
-            density = min(1.0, max(count / v.numel(), MIN_DENSITY))
-            plan[key] = planned = self._with_density(density)
-            if planned.k_for(v.numel()) == count:  # the selection need not sample again
-                planned._threshold = threshold
+        planned = self._with_density(self.density)
+        planned._threshold = threshold  # each tensor's k is its count, taken as it encodes
+        plan.update(dict.fromkeys(big, planned))
         return plan
+
+    def _planned_k(self, numel: int) -> Callable[[int], int]:
+        """A planned tensor's ``k`` from its count at the set's threshold: the count itself,
+        unless that is fewer than the decoder accepts (:func:`min_kept`) or none."""
+
+        def k_of(count: int) -> int:
+            return self._with_density(min(1.0, max(count / numel, MIN_DENSITY))).k_for(numel)
+
+        return k_of
 
     def for_downlink(self, senders: int) -> TopK:
         """Top-k at ``senders`` times the density: room for the union of what was sent.
@@ -299,14 +314,6 @@ def min_kept(numel: int) -> int:
     while k / MIN_DENSITY < numel:  # the decoder's own test, in its float arithmetic
         k += 1
     return min(k, numel)
-
-
-def _count_at_or_above(v: torch.Tensor, threshold: float) -> int:
-    """``#{|v| >= threshold}``: the selection's own pass (per-thread scratch, a span per
-    core) where ``v`` is contiguous float32, instead of two fresh tensors of its size."""
-    if v.dtype != torch.float32 or not v.is_contiguous() or v.numel() < BLOCK_NUMEL:
-        return int(torch.count_nonzero(v.abs() >= threshold))
-    return count_at_or_above(v.view(-1), threshold)
 
 
 def _scales_exactly(values_k: torch.Tensor, alpha: float) -> bool:
@@ -354,9 +361,12 @@ def _dequantize(q_k: torch.Tensor, scale: np.float32) -> torch.Tensor:
 
 def _pack_indices(idx_k: np.ndarray, numel: int) -> tuple[int, int, int, bytes | np.ndarray]:
     """(index kind, zstd flag, raw length, bytes) for the smallest index encoding."""
-    varint = packing.varint_gaps(idx_k)
+    bitmap_len = (numel + 7) // 8
+    # Varints take at least a byte per index: above 1/8 density the bitmap is smaller
+    # without writing them (the downlink at 3 x 5 %).
+    varint = packing.varint_gaps(idx_k) if len(idx_k) <= bitmap_len else None
     kind, raw = _INDEX_VARINT, varint
-    if (numel + 7) // 8 < len(varint):
+    if varint is None or bitmap_len < len(varint):
         kind, raw = _INDEX_BITMAP, packing.bitmap(idx_k, numel)
     packed = frame.compress(raw) if len(raw) > 64 else b""
     if packed and len(packed) < len(raw):
