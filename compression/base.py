@@ -127,6 +127,21 @@ class Codec(ABC):
         p.copy_(residual.view(p.shape))
         return payload
 
+    def encode_into_residual_applied(
+        self,
+        p: torch.Tensor,
+        acc: torch.Tensor,
+        alpha: float = 1.0,
+        out: PayloadBuffer | None = None,
+    ) -> bytes:
+        """:meth:`encode_into_residual`, and ``acc += alpha * D(c)``: the sender's own
+        apply of what it sends (the coordinator's weights take its broadcast), bit for bit
+        :meth:`decode_add` of the payload. Codecs that hold ``D(c)`` once encoded override
+        this to skip parsing the payload they just made."""
+        payload = self.encode_into_residual(p, out)
+        self.decode_add(payload, acc, alpha)
+        return payload
+
     def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
         """The codec for each of a set of tensors that travel together (one contribution,
         one broadcast). This codec for every one, unless the codec plans across them."""

@@ -136,6 +136,28 @@ class TopK(Codec):
         flat[idx_k] = kept_k.sub_(sent_k)
         return payload
 
+    def encode_into_residual_applied(
+        self,
+        p: torch.Tensor,
+        acc: torch.Tensor,
+        alpha: float = 1.0,
+        out: frame.PayloadBuffer | None = None,
+    ) -> bytes:
+        """``acc[I] += alpha * D(c)`` from the indices and decoded values in hand: no parse
+        of the payload (its indices' zstd, bitmap or varints, its values' dequantize)."""
+        if p.dtype != torch.float32 or not p.is_contiguous() or acc.shape != p.shape:
+            return super().encode_into_residual_applied(p, acc, alpha, out)
+        check_accumulator(acc)
+        flat = p.view(-1)
+        payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
+        if len(sent_k) and not math.isfinite(float(sent_k.abs().max())):
+            # What a receiver's parse refuses (FP16 or a huge scale overflows), refused
+            # before anything changes here.
+            raise PayloadError("topk payload holds non-finite values")
+        _add_at(acc, idx_k, sent_k, alpha)
+        flat[idx_k] = kept_k.sub_(sent_k)
+        return payload
+
     def _encode(
         self,
         flat: torch.Tensor,
@@ -201,14 +223,7 @@ class TopK(Codec):
         """``acc[I] += alpha * D(c)``: touches the ``k`` kept elements only."""
         check_accumulator(acc)
         _, idx_k, values_k = self._parse(payload, tuple(acc.shape))
-        base, offsets_k = storage_index(acc, idx_k)
-        if base.dtype == values_k.dtype and _scales_exactly(values_k, alpha):
-            # One pass, 2-3x the gather, add and scatter below; bit for bit theirs, as
-            # ``alpha * v`` is exact (index_add_ rounds it before adding, add_ does not).
-            base.index_add_(0, offsets_k, values_k, alpha=alpha)
-            return acc
-        kept_k = _gather(base, offsets_k)
-        _scatter(base, offsets_k, kept_k.add_(values_k, alpha=alpha))
+        _add_at(acc, idx_k, values_k, alpha)
         return acc
 
     def check_squares(
@@ -330,6 +345,19 @@ def _scales_exactly(values_k: torch.Tensor, alpha: float) -> bool:
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Kept elements per span below which a gather or scatter runs on one thread.
 _INDEX_SPAN = 1 << 16
+
+
+def _add_at(acc: torch.Tensor, idx_k: torch.Tensor, values_k: torch.Tensor, alpha: float) -> None:
+    """``acc[idx_k] += alpha * values_k`` (row-major flat indices, distinct, in range);
+    ``values_k`` is only read."""
+    base, offsets_k = storage_index(acc, idx_k)
+    if base.dtype == values_k.dtype and _scales_exactly(values_k, alpha):
+        # One pass, 2-3x the gather, add and scatter below; bit for bit theirs, as
+        # ``alpha * v`` is exact (index_add_ rounds it before adding, add_ does not).
+        base.index_add_(0, offsets_k, values_k, alpha=alpha)
+        return
+    kept_k = _gather(base, offsets_k)
+    _scatter(base, offsets_k, kept_k.add_(values_k, alpha=alpha))
 
 
 def _gather(base: torch.Tensor, idx_k: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ encode (docs/scale.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
@@ -33,6 +33,8 @@ def encode_in_place(
     tensors: Iterable[tuple[str, torch.Tensor]],
     *,
     borrowed: bool = False,
+    applied_to: Mapping[str, torch.Tensor] | None = None,
+    alpha: float = 1.0,
 ) -> Iterator[tuple[str, bytes]]:
     """``(key, payload)`` for each ``(key, g)`` of ``tensors`` (in their order), updating
     ``feedback``'s residuals as ``encode_all`` does. Each ``g`` is only read; a residual's
@@ -40,10 +42,15 @@ def encode_in_place(
     for, and ``tensors`` is read as it is needed, so it may be a generator. A ``g`` with no
     residual yet is copied (``e'`` is written over ``p``), so ``borrowed`` (each ``g``'s
     memory is reused for the next one) needs nothing more and is accepted for callers
-    that say it."""
+    that say it. With ``applied_to``, each payload is also added decoded, ``alpha`` times,
+    into that key's tensor (:meth:`Codec.encode_into_residual_applied`: the sender's own
+    apply, from what the encoder has in hand) before it is yielded."""
     if codec.bounded_release and type(codec).plan is Codec.plan:
         for key, g in tensors:
-            yield key, _bounded(feedback, codec, key, g)
+            payload = _bounded(feedback, codec, key, g)
+            if applied_to is not None:
+                codec.decode_add(payload, applied_to[key], alpha)
+            yield key, payload
         return
     residuals = feedback.residuals
     pending = {}
@@ -55,7 +62,11 @@ def encode_in_place(
             pending[key] = e.add_(g)  # p = e + g, in the residual's memory
     for key, each in codec.plan(pending).items():
         p = pending.pop(key)
-        payload = each.encode_into_residual(p, out=feedback.buffer(key))  # e' in p's memory
+        if applied_to is None:
+            payload = each.encode_into_residual(p, out=feedback.buffer(key))  # e' in p
+        else:
+            acc = applied_to[key]
+            payload = each.encode_into_residual_applied(p, acc, alpha, out=feedback.buffer(key))
         residuals[key] = p
         yield key, payload
 

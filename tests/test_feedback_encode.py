@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from skyfed.compression import codec_names, make_codec
+from skyfed.compression import codec_names, decode_add_payload, make_codec
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.feedback_encode import encode_in_place
 from skyfed.proto.chunks import cut
@@ -87,3 +87,40 @@ def test_in_place_payloads_cut_into_chunks_protobuf_takes():
         for c in cut(payload, kind=0, round=0, first_seq=0, max_chunk_bytes=4096)
     ]
     assert b"".join(c.data for c in chunks) == bytes(data)
+
+
+SENDER_CODECS = [(name, {}) for name in codec_names()] + [
+    ("topk", {"values": "fp16"}),
+    ("topk", {"bits": 3}),
+    ("topk", {"density": 0.3}),
+]
+
+
+@pytest.mark.parametrize(("name", "params"), SENDER_CODECS)
+def test_the_senders_own_apply_is_the_decode_of_its_payloads(name, params):
+    """``applied_to``: each tensor takes ``alpha * D(c)`` from what the encoder holds (Top-k:
+    its indices and decoded values), bit for bit ``decode_add`` of the payload; the
+    payloads and residuals are those without it. Shard views and float64 included."""
+    gen = torch.Generator().manual_seed(9)
+    g = {k: torch.randn(s, generator=gen) for k, s in SHAPES.items()}
+    plain, applying = ErrorFeedback(), ErrorFeedback()
+    big = torch.randn(600, 40, generator=gen)
+    weights = {"w": big[::2], "b": torch.randn(300, dtype=torch.float64), "tiny": torch.zeros(3)}
+    expected = {k: w.clone() for k, w in weights.items()}
+    for round_ in range(3):
+        want = dict(encode_in_place(plain, make_codec(name, seed=[round_], **params), g.items()))
+        for key, payload in want.items():
+            decode_add_payload(payload, expected[key], -1.0)
+        got = dict(
+            encode_in_place(
+                applying,
+                make_codec(name, seed=[round_], **params),
+                g.items(),
+                applied_to=weights,
+                alpha=-1.0,
+            )
+        )
+        for key in g:
+            assert bytes(got[key]) == bytes(want[key]), (round_, key)
+            assert torch.equal(applying.residuals[key], plain.residuals[key]), (round_, key)
+            assert torch.equal(weights[key], expected[key]), (round_, key)
