@@ -22,6 +22,8 @@ _SAMPLE_FRACTION = 0.02
 _MIN_SAMPLE = 4096
 _RUN = 16  # float32 elements per 64-byte cache line
 _ATTEMPTS = 3
+# Every this many elements of a sample are looked at for zeros before a quantile.
+_ZEROS_PROBE = 61
 # The smallest positive float32: ``|p| >= _TINY`` is ``p != 0`` (and not NaN).
 _TINY = float(np.finfo(np.float32).smallest_subnormal)
 
@@ -146,15 +148,18 @@ def quantile(sample_M: torch.Tensor, rank: int) -> float:
     m = sample_M.numel()
     rank = min(m, max(1, rank))
     values = sample_M.numpy()
-    positive = int(np.count_nonzero(values))
-    if positive * 2 < m and values.min() >= 0.0:
-        # Mostly zeros (a sparse mean's |p|, the first rounds of a downlink's residual):
-        # numpy's introselect slows on the ties, 18x at 85 % zeros over the plan's 1M.
-        # The zeros are the smallest: the rank-th largest is among the rest, or a zero.
+    # Mostly zeros (a sparse mean's |p|, the first rounds of a downlink's residual): numpy's
+    # introselect slows on the ties, 18x at 85 % zeros over the plan's 1M. The zeros are
+    # the smallest: the rank-th largest is among the rest, or a zero. A strided look
+    # says when to count (a count over the sample costs as much as the partition).
+    probe = values[::_ZEROS_PROBE]
+    if np.count_nonzero(probe) * 2 < len(probe) and values.min() >= 0.0:
+        positive = int(np.count_nonzero(values))
         if rank > positive:
             return 0.0
-        values = values[values != 0]
-        m = positive
+        if positive * 2 < m:
+            values = values[values != 0]
+            m = positive
     at = m - rank
     values.partition(at)
     return float(values[at])

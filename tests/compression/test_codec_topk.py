@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skyfed.compression import decode_payload, make_codec
-from skyfed.compression.select import OVERSHOOT, TopKSelector
+from skyfed.compression.select import OVERSHOOT, TopKSelector, quantile
 from skyfed.compression.topk import MIN_DENSITY, TopK, min_kept
 
 
@@ -216,3 +216,16 @@ def test_a_planned_tensor_with_nothing_above_the_threshold_still_decodes() -> No
     assert k == min_kept(pending["quiet"].numel()) >= pending["quiet"].numel() * MIN_DENSITY
     y = decode_payload(codec.encode(pending["quiet"]), shape=(1580, 1580))
     assert int((y != 0).sum()) == k
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.4, 0.6, 0.85, 1.0])
+def test_the_quantile_of_a_mostly_zero_sample_is_the_sorted_samples(zeros: float) -> None:
+    """The rank-th largest, as a sort gives it, whether or not the sample is mostly zeros
+    (which the quantile partitions without), and zero where the rank reaches them."""
+    gen = torch.Generator().manual_seed(11)
+    sample = torch.randn(50_000, generator=gen).abs()
+    sample[torch.rand(50_000, generator=gen) < zeros] = 0.0
+    ordered = sample.sort(descending=True).values
+    for rank in (1, 7, 5_000, 10_000, 20_000, 49_999, 50_000, 80_000):
+        want = float(ordered[min(rank, len(ordered)) - 1])
+        assert quantile(sample.clone(), rank) == want, rank
