@@ -122,7 +122,7 @@ class TopK(Codec):
             e_flat = g_flat.clone()
         else:  # p = e + g, summed in the residual's memory by the selection's first pass
             payload, idx_k, kept_k, sent_k = self._encode(e_flat, tuple(g.shape), out, g_flat)
-        e_flat[idx_k] = kept_k.sub_(sent_k)
+        e_flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))  # e[I] = ...: 0.7x index_put
         return payload, e_flat.view(g.shape)
 
     def encode_into_residual(
@@ -133,7 +133,7 @@ class TopK(Codec):
             return super().encode_into_residual(p, out)
         flat = p.view(-1)
         payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
-        flat[idx_k] = kept_k.sub_(sent_k)
+        flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))
         return payload
 
     def encode_into_residual_applied(
@@ -155,7 +155,7 @@ class TopK(Codec):
             # before anything changes here.
             raise PayloadError("topk payload holds non-finite values")
         _add_at(acc, idx_k, sent_k, alpha)
-        flat[idx_k] = kept_k.sub_(sent_k)
+        flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))
         return payload
 
     def _encode(
