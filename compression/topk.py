@@ -71,6 +71,7 @@ class TopK(Codec):
     name = "topk"
     wire_id = 3
     sparse = True
+    sums_in_encode = True
 
     def __init__(
         self,
@@ -257,7 +258,9 @@ class TopK(Codec):
         idx_k = _unpack_indices(f.body[size:], index_kind, zstd, raw_len, k, f.numel)
         return f, torch.from_numpy(idx_k), values_k
 
-    def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
+    def plan(
+        self, pending: dict[str, torch.Tensor], add: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, Codec]:
         """One threshold over every tensor of the set, so the set keeps ``density`` overall
         but each tensor keeps what is above the threshold: ``k_i = #{|p_i| >= t}``.
 
@@ -276,11 +279,15 @@ class TopK(Codec):
         if len(big) < 2 or self.density >= 1.0:
             return plan
         stride = max(1, total // _PLAN_SAMPLE)
-        strided = [v.detach().reshape(-1)[::stride] for v in big.values()]
-        sample = torch.empty(sum(s.numel() for s in strided))
+        strided = {key: v.detach().reshape(-1)[::stride] for key, v in big.items()}
+        sample = torch.empty(sum(s.numel() for s in strided.values()))
         at = 0
-        for s in strided:  # |v| straight into the one sample: no per-tensor copies to join
-            torch.abs(s, out=sample[at : at + s.numel()])
+        for key, s in strided.items():  # |p| straight into the one sample: nothing to join
+            into = sample[at : at + s.numel()]
+            if add is not None and key in add:  # p = e + g, summed here for the sample only
+                torch.add(s, add[key].detach().reshape(-1)[::stride], out=into).abs_()
+            else:
+                torch.abs(s, out=into)
             at += s.numel()
         rank = max(1, round(self.density * sample.numel()))
         threshold = quantile(sample, rank)  # the rank-th largest, by selection: no sort

@@ -53,15 +53,25 @@ def encode_in_place(
             yield key, payload
         return
     residuals = feedback.residuals
-    pending = {}
+    # A codec that sums p = e + g in its selection's first pass gets e and g apart, when
+    # each g stays the caller's until its payload is made (not borrowed).
+    fuse = codec.sums_in_encode and not borrowed and applied_to is None
+    pending, adds = {}, {}
     for key, g in tensors:
         e = residuals.get(key)
         if e is None:  # e' will be written over p: never over the caller's g
             pending[key] = torch.empty(g.shape).copy_(g)
+        elif fuse and _summable(e, g):
+            pending[key], adds[key] = e, g
         else:
             pending[key] = e.add_(g)  # p = e + g, in the residual's memory
-    for key, each in codec.plan(pending).items():
+    for key, each in codec.plan(pending, adds or None).items():
         p = pending.pop(key)
+        g = adds.pop(key, None)
+        if g is not None:  # p = e + g and e' both in e's memory, in the codec's passes
+            payload, residuals[key] = each.encode_with_feedback(g, p, out=feedback.buffer(key))
+            yield key, payload
+            continue
         if applied_to is None:
             payload = each.encode_into_residual(p, out=feedback.buffer(key))  # e' in p
         else:
@@ -69,6 +79,17 @@ def encode_in_place(
             payload = each.encode_into_residual_applied(p, acc, alpha, out=feedback.buffer(key))
         residuals[key] = p
         yield key, payload
+
+
+def _summable(e: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether ``e += g`` can be left to the codec's pass: both contiguous float32 of one
+    shape (the codec then writes ``e'`` in ``e``'s own memory)."""
+    return (
+        e.shape == g.shape
+        and e.dtype == g.dtype == torch.float32
+        and e.is_contiguous()
+        and g.is_contiguous()
+    )
 
 
 def _bounded(feedback: ErrorFeedback, codec: Codec, key: str, g: torch.Tensor) -> bytes:

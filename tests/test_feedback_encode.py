@@ -124,3 +124,22 @@ def test_the_senders_own_apply_is_the_decode_of_its_payloads(name, params):
             assert bytes(got[key]) == bytes(want[key]), (round_, key)
             assert torch.equal(applying.residuals[key], plain.residuals[key]), (round_, key)
             assert torch.equal(weights[key], expected[key]), (round_, key)
+
+
+@pytest.mark.parametrize("params", [{}, {"values": "fp16"}, {"bits": 2}, {"density": 0.3}])
+def test_a_sum_left_to_top_ks_pass_gives_the_same_bits_as_one_made_first(params):
+    """Top-k sums ``p = e + g`` in its selection's pass (inputs the caller keeps); a
+    borrowed input is summed first. Same payloads and residuals, the plan's threshold
+    over two large tensors included."""
+    gen = torch.Generator().manual_seed(12)
+    shapes = {"a": (400, 300), "b": (200, 300), "bias": (300,)}
+    fused, summed = ErrorFeedback(), ErrorFeedback()
+    buffer = torch.empty(400 * 300)
+    for round_ in range(4):
+        g = {k: torch.randn(s, generator=gen) * (1 + (k == "a")) for k, s in shapes.items()}
+        lent = ((k, buffer[: t.numel()].view(t.shape).copy_(t)) for k, t in g.items())
+        want = dict(encode_in_place(summed, make_codec("topk", **params), lent, borrowed=True))
+        got = dict(encode_in_place(fused, make_codec("topk", **params), g.items()))
+        for key in shapes:
+            assert bytes(got[key]) == bytes(want[key]), (round_, key)
+            assert torch.equal(fused.residuals[key], summed.residuals[key]), (round_, key)
