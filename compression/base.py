@@ -42,6 +42,10 @@ class Codec(ABC):
     # check_squares decodes into a tensor-sized ``out`` (a receiver lends one); False:
     # it needs none (it checks block by block, or only the values sent).
     check_scratch: ClassVar[bool] = True
+    # encode_with_feedback(g, e) sums p = e + g in e's memory within its own first pass,
+    # bit for bit encode_into_residual(e + g), and plan takes the addends unsummed
+    # (``add``): error feedback then leaves the sum to it (one pass over e, not two).
+    sums_in_encode: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:
@@ -127,9 +131,28 @@ class Codec(ABC):
         p.copy_(residual.view(p.shape))
         return payload
 
-    def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
+    def encode_into_residual_applied(
+        self,
+        p: torch.Tensor,
+        acc: torch.Tensor,
+        alpha: float = 1.0,
+        out: PayloadBuffer | None = None,
+    ) -> bytes:
+        """:meth:`encode_into_residual`, and ``acc += alpha * D(c)``: the sender's own
+        apply of what it sends (the coordinator's weights take its broadcast), bit for bit
+        :meth:`decode_add` of the payload. Codecs that hold ``D(c)`` once encoded override
+        this to skip parsing the payload they just made."""
+        payload = self.encode_into_residual(p, out)
+        self.decode_add(payload, acc, alpha)
+        return payload
+
+    def plan(
+        self, pending: dict[str, torch.Tensor], add: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, Codec]:
         """The codec for each of a set of tensors that travel together (one contribution,
-        one broadcast). This codec for every one, unless the codec plans across them."""
+        one broadcast). This codec for every one, unless the codec plans across them.
+        ``add``: for a codec that :attr:`sums_in_encode`, tensors not summed yet (each
+        ``p`` is ``pending[key] + add[key]`` where the key is there)."""
         return dict.fromkeys(pending, self)
 
     def for_downlink(self, senders: int) -> Codec:

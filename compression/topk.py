@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from skyfed.compression import frame, lowbit, packing
 from skyfed.compression.base import (
-    BLOCK_NUMEL,
     Codec,
     PayloadError,
     as_flat_f32,
@@ -24,7 +24,7 @@ from skyfed.compression.base import (
 )
 from skyfed.compression.fp import fp16_scale, readonly_tensor
 from skyfed.compression.norms import squared_norm
-from skyfed.compression.select import TopKSelector, count_at_or_above, quantile
+from skyfed.compression.select import TopKSelector, quantile
 
 # The sparsest payload a decoder accepts: it never allocates more than this many dense
 # elements per kept element, so a tiny payload cannot claim a huge tensor.
@@ -54,7 +54,7 @@ class TopK(Codec):
     keeps both what was not selected and the values' rounding error. Selection is a
     sampled threshold (Lin et al. 2018, Deep Gradient Compression) refined to the exact
     set of between ``k`` and ``k (1 + 3 %)`` elements (:class:`TopKSelector`; a tensor
-    :meth:`plan` counted keeps exactly what is at or above the set's threshold); indices
+    of a :meth:`plan`'s set keeps exactly what is at or above the set's threshold); indices
     travel as delta varints or a bitmap, whichever is smaller, zstd-compressed when that
     is smaller still.
 
@@ -71,6 +71,7 @@ class TopK(Codec):
     name = "topk"
     wire_id = 3
     sparse = True
+    sums_in_encode = True
 
     def __init__(
         self,
@@ -94,7 +95,8 @@ class TopK(Codec):
         self.dense_below = dense_below
         self.bits = bits
         self._threshold: float | None = None
-        """Set by :meth:`plan`: the set's threshold, which keeps exactly ``k`` here."""
+        """Set by :meth:`plan`: the set's threshold; each tensor keeps what is at or above
+        it, its ``k`` counted by the selection's own pass (no pass of the plan's)."""
 
     def k_for(self, numel: int) -> int:
         """How many elements a tensor of ``numel`` keeps (all of a small one)."""
@@ -121,7 +123,7 @@ class TopK(Codec):
             e_flat = g_flat.clone()
         else:  # p = e + g, summed in the residual's memory by the selection's first pass
             payload, idx_k, kept_k, sent_k = self._encode(e_flat, tuple(g.shape), out, g_flat)
-        e_flat[idx_k] = kept_k.sub_(sent_k)
+        e_flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))  # e[I] = ...: 0.7x index_put
         return payload, e_flat.view(g.shape)
 
     def encode_into_residual(
@@ -132,7 +134,29 @@ class TopK(Codec):
             return super().encode_into_residual(p, out)
         flat = p.view(-1)
         payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
-        flat[idx_k] = kept_k.sub_(sent_k)
+        flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))
+        return payload
+
+    def encode_into_residual_applied(
+        self,
+        p: torch.Tensor,
+        acc: torch.Tensor,
+        alpha: float = 1.0,
+        out: frame.PayloadBuffer | None = None,
+    ) -> bytes:
+        """``acc[I] += alpha * D(c)`` from the indices and decoded values in hand: no parse
+        of the payload (its indices' zstd, bitmap or varints, its values' dequantize)."""
+        if p.dtype != torch.float32 or not p.is_contiguous() or acc.shape != p.shape:
+            return super().encode_into_residual_applied(p, acc, alpha, out)
+        check_accumulator(acc)
+        flat = p.view(-1)
+        payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
+        if len(sent_k) and not math.isfinite(float(sent_k.abs().max())):
+            # What a receiver's parse refuses (FP16 or a huge scale overflows), refused
+            # before anything changes here.
+            raise PayloadError("topk payload holds non-finite values")
+        _add_at(acc, idx_k, sent_k, alpha)
+        flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))
         return payload
 
     def _encode(
@@ -145,8 +169,14 @@ class TopK(Codec):
         """The payload, the kept indices, the values kept there and the values the
         receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``)."""
         n = flat.numel()
+        planned = None if self._threshold is None else self._planned_k(n)
         idx_k, kept_k = _SELECTOR.select_kept(
-            flat, self.k_for(n), add_N=add, threshold=self._threshold, min_k=min_kept(n)
+            flat,
+            self.k_for(n),
+            add_N=add,
+            threshold=self._threshold,
+            min_k=min_kept(n),
+            k_of=planned,
         )
         value_bytes, scale, sent_k = self._quantize(kept_k)
         index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
@@ -194,14 +224,7 @@ class TopK(Codec):
         """``acc[I] += alpha * D(c)``: touches the ``k`` kept elements only."""
         check_accumulator(acc)
         _, idx_k, values_k = self._parse(payload, tuple(acc.shape))
-        base, offsets_k = storage_index(acc, idx_k)
-        if base.dtype == values_k.dtype and _scales_exactly(values_k, alpha):
-            # One pass, 2-3x the gather, add and scatter below; bit for bit theirs, as
-            # ``alpha * v`` is exact (index_add_ rounds it before adding, add_ does not).
-            base.index_add_(0, offsets_k, values_k, alpha=alpha)
-            return acc
-        kept_k = _gather(base, offsets_k)
-        _scatter(base, offsets_k, kept_k.add_(values_k, alpha=alpha))
+        _add_at(acc, idx_k, values_k, alpha)
         return acc
 
     def check_squares(
@@ -235,7 +258,9 @@ class TopK(Codec):
         idx_k = _unpack_indices(f.body[size:], index_kind, zstd, raw_len, k, f.numel)
         return f, torch.from_numpy(idx_k), values_k
 
-    def plan(self, pending: dict[str, torch.Tensor]) -> dict[str, Codec]:
+    def plan(
+        self, pending: dict[str, torch.Tensor], add: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, Codec]:
         """One threshold over every tensor of the set, so the set keeps ``density`` overall
         but each tensor keeps what is above the threshold: ``k_i = #{|p_i| >= t}``.
 
@@ -243,7 +268,9 @@ class TopK(Codec):
         whose update matters; one threshold moved Top-k 1 %'s final loss from +3.37 % to
         +1.92 % of FP32's on the same three seeds (docs/decisions/topk-threshold-per-tensor.md).
         ``t`` is the ``k``-th
-        magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set.
+        magnitude of a strided sample of at most ``_PLAN_SAMPLE`` elements over the set;
+        each tensor's ``k_i`` is counted by its own selection pass as it encodes, which
+        keeps those elements (the plan makes no pass of its own over the tensors).
         Tensors under ``dense_below`` still go whole.
         """
         big = {k: v for k, v in pending.items() if v.numel() >= max(1, self.dense_below)}
@@ -252,23 +279,33 @@ class TopK(Codec):
         if len(big) < 2 or self.density >= 1.0:
             return plan
         stride = max(1, total // _PLAN_SAMPLE)
-        strided = [v.detach().reshape(-1)[::stride] for v in big.values()]
-        sample = torch.empty(sum(s.numel() for s in strided))
+        strided = {key: v.detach().reshape(-1)[::stride] for key, v in big.items()}
+        sample = torch.empty(sum(s.numel() for s in strided.values()))
         at = 0
-        for s in strided:  # |v| straight into the one sample: no per-tensor copies to join
-            torch.abs(s, out=sample[at : at + s.numel()])
+        for key, s in strided.items():  # |p| straight into the one sample: nothing to join
+            into = sample[at : at + s.numel()]
+            if add is not None and key in add:  # p = e + g, summed here for the sample only
+                torch.add(s, add[key].detach().reshape(-1)[::stride], out=into).abs_()
+            else:
+                torch.abs(s, out=into)
             at += s.numel()
         rank = max(1, round(self.density * sample.numel()))
         threshold = quantile(sample, rank)  # the rank-th largest, by selection: no sort
         if not (math.isfinite(threshold) and threshold > 0.0):
             return plan
-        for key, v in big.items():
-            count = _count_at_or_above(v.detach(), threshold)
-            density = min(1.0, max(count / v.numel(), MIN_DENSITY))
-            plan[key] = planned = self._with_density(density)
-            if planned.k_for(v.numel()) == count:  # the selection need not sample again
-                planned._threshold = threshold
+        planned = self._with_density(self.density)
+        planned._threshold = threshold  # each tensor's k is its count, taken as it encodes
+        plan.update(dict.fromkeys(big, planned))
         return plan
+
+    def _planned_k(self, numel: int) -> Callable[[int], int]:
+        """A planned tensor's ``k`` from its count at the set's threshold: the count itself,
+        unless that is fewer than the decoder accepts (:func:`min_kept`) or none."""
+
+        def k_of(count: int) -> int:
+            return self._with_density(min(1.0, max(count / numel, MIN_DENSITY))).k_for(numel)
+
+        return k_of
 
     def for_downlink(self, senders: int) -> TopK:
         """Top-k at ``senders`` times the density: room for the union of what was sent.
@@ -301,14 +338,6 @@ def min_kept(numel: int) -> int:
     return min(k, numel)
 
 
-def _count_at_or_above(v: torch.Tensor, threshold: float) -> int:
-    """``#{|v| >= threshold}``: the selection's own pass (per-thread scratch, a span per
-    core) where ``v`` is contiguous float32, instead of two fresh tensors of its size."""
-    if v.dtype != torch.float32 or not v.is_contiguous() or v.numel() < BLOCK_NUMEL:
-        return int(torch.count_nonzero(v.abs() >= threshold))
-    return count_at_or_above(v.view(-1), threshold)
-
-
 def _scales_exactly(values_k: torch.Tensor, alpha: float) -> bool:
     """Whether every ``alpha * v`` is exact in float32: ``alpha`` is +-1, or a power of two
     of at least 1 that overflows nothing (a mean's sample count often is: 16 steps x 8)."""
@@ -323,6 +352,19 @@ def _scales_exactly(values_k: torch.Tensor, alpha: float) -> bool:
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Kept elements per span below which a gather or scatter runs on one thread.
 _INDEX_SPAN = 1 << 16
+
+
+def _add_at(acc: torch.Tensor, idx_k: torch.Tensor, values_k: torch.Tensor, alpha: float) -> None:
+    """``acc[idx_k] += alpha * values_k`` (row-major flat indices, distinct, in range);
+    ``values_k`` is only read."""
+    base, offsets_k = storage_index(acc, idx_k)
+    if base.dtype == values_k.dtype and _scales_exactly(values_k, alpha):
+        # One pass, 2-3x the gather, add and scatter below; bit for bit theirs, as
+        # ``alpha * v`` is exact (index_add_ rounds it before adding, add_ does not).
+        base.index_add_(0, offsets_k, values_k, alpha=alpha)
+        return
+    kept_k = _gather(base, offsets_k)
+    _scatter(base, offsets_k, kept_k.add_(values_k, alpha=alpha))
 
 
 def _gather(base: torch.Tensor, idx_k: torch.Tensor) -> torch.Tensor:
@@ -354,9 +396,12 @@ def _dequantize(q_k: torch.Tensor, scale: np.float32) -> torch.Tensor:
 
 def _pack_indices(idx_k: np.ndarray, numel: int) -> tuple[int, int, int, bytes | np.ndarray]:
     """(index kind, zstd flag, raw length, bytes) for the smallest index encoding."""
-    varint = packing.varint_gaps(idx_k)
+    bitmap_len = (numel + 7) // 8
+    # Varints take at least a byte per index: above 1/8 density the bitmap is smaller
+    # without writing them (the downlink at 3 x 5 %).
+    varint = packing.varint_gaps(idx_k) if len(idx_k) <= bitmap_len else None
     kind, raw = _INDEX_VARINT, varint
-    if (numel + 7) // 8 < len(varint):
+    if varint is None or bitmap_len < len(varint):
         kind, raw = _INDEX_BITMAP, packing.bitmap(idx_k, numel)
     packed = frame.compress(raw) if len(raw) > 64 else b""
     if packed and len(packed) < len(raw):

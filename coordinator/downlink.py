@@ -84,10 +84,11 @@ class Downlink:
             return
         index = {name: i for i, name in enumerate(self.names)}
         updates = ((name, update(i, self._scratch(i))) for i, name in enumerate(self.names))
-        for name, data in encode_in_place(self.feedback, codec, updates, borrowed=True):
-            i = index[name]  # the plan keeps the model's order
-            decode_add_payload(data, weights[i], -1.0)
-            yield Payload(i, None, codec_name, data)
+        own = dict(zip(self.names, weights, strict=True))  # w - D(c), as the agents decode it
+        for name, data in encode_in_place(
+            self.feedback, codec, updates, borrowed=True, applied_to=own, alpha=-1.0
+        ):
+            yield Payload(index[name], None, codec_name, data)  # the plan keeps the model's order
         if codec.lossless and not any(bool(r.any()) for r in residuals.values()):
             residuals.clear()  # a lossless round that released everything owes nothing
 

@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from skyfed.compression import codec_names, make_codec
+from skyfed.compression import codec_names, decode_add_payload, make_codec
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.feedback_encode import encode_in_place
 from skyfed.proto.chunks import cut
@@ -87,3 +87,59 @@ def test_in_place_payloads_cut_into_chunks_protobuf_takes():
         for c in cut(payload, kind=0, round=0, first_seq=0, max_chunk_bytes=4096)
     ]
     assert b"".join(c.data for c in chunks) == bytes(data)
+
+
+SENDER_CODECS = [(name, {}) for name in codec_names()] + [
+    ("topk", {"values": "fp16"}),
+    ("topk", {"bits": 3}),
+    ("topk", {"density": 0.3}),
+]
+
+
+@pytest.mark.parametrize(("name", "params"), SENDER_CODECS)
+def test_the_senders_own_apply_is_the_decode_of_its_payloads(name, params):
+    """``applied_to``: each tensor takes ``alpha * D(c)`` from what the encoder holds (Top-k:
+    its indices and decoded values), bit for bit ``decode_add`` of the payload; the
+    payloads and residuals are those without it. Shard views and float64 included."""
+    gen = torch.Generator().manual_seed(9)
+    g = {k: torch.randn(s, generator=gen) for k, s in SHAPES.items()}
+    plain, applying = ErrorFeedback(), ErrorFeedback()
+    big = torch.randn(600, 40, generator=gen)
+    weights = {"w": big[::2], "b": torch.randn(300, dtype=torch.float64), "tiny": torch.zeros(3)}
+    expected = {k: w.clone() for k, w in weights.items()}
+    for round_ in range(3):
+        want = dict(encode_in_place(plain, make_codec(name, seed=[round_], **params), g.items()))
+        for key, payload in want.items():
+            decode_add_payload(payload, expected[key], -1.0)
+        got = dict(
+            encode_in_place(
+                applying,
+                make_codec(name, seed=[round_], **params),
+                g.items(),
+                applied_to=weights,
+                alpha=-1.0,
+            )
+        )
+        for key in g:
+            assert bytes(got[key]) == bytes(want[key]), (round_, key)
+            assert torch.equal(applying.residuals[key], plain.residuals[key]), (round_, key)
+            assert torch.equal(weights[key], expected[key]), (round_, key)
+
+
+@pytest.mark.parametrize("params", [{}, {"values": "fp16"}, {"bits": 2}, {"density": 0.3}])
+def test_a_sum_left_to_top_ks_pass_gives_the_same_bits_as_one_made_first(params):
+    """Top-k sums ``p = e + g`` in its selection's pass (inputs the caller keeps); a
+    borrowed input is summed first. Same payloads and residuals, the plan's threshold
+    over two large tensors included."""
+    gen = torch.Generator().manual_seed(12)
+    shapes = {"a": (400, 300), "b": (200, 300), "bias": (300,)}
+    fused, summed = ErrorFeedback(), ErrorFeedback()
+    buffer = torch.empty(400 * 300)
+    for round_ in range(4):
+        g = {k: torch.randn(s, generator=gen) * (1 + (k == "a")) for k, s in shapes.items()}
+        lent = ((k, buffer[: t.numel()].view(t.shape).copy_(t)) for k, t in g.items())
+        want = dict(encode_in_place(summed, make_codec("topk", **params), lent, borrowed=True))
+        got = dict(encode_in_place(fused, make_codec("topk", **params), g.items()))
+        for key in shapes:
+            assert bytes(got[key]) == bytes(want[key]), (round_, key)
+            assert torch.equal(fused.residuals[key], summed.residuals[key]), (round_, key)

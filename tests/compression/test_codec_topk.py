@@ -9,12 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skyfed.compression import decode_payload, make_codec
-from skyfed.compression.select import OVERSHOOT, TopKSelector
-from skyfed.compression.topk import MIN_DENSITY, _count_at_or_above
+from skyfed.compression.select import OVERSHOOT, TopKSelector, quantile
+from skyfed.compression.topk import MIN_DENSITY, TopK, min_kept
 
 
 def _topk_set(x: torch.Tensor, k: int) -> set[int]:
     return set(torch.topk(x.abs(), k).indices.tolist())
+
+
+def _kept(codec: TopK, x: torch.Tensor) -> int:
+    """How many elements ``codec``'s payload of ``x`` keeps (its ``k``, as the frame says)."""
+    return codec._parse(codec.encode(x), tuple(x.shape))[1].numel()
 
 
 def _assert_largest(x: torch.Tensor, idx: torch.Tensor, k: int) -> None:
@@ -155,7 +160,7 @@ def test_one_threshold_over_a_set_sends_where_the_update_is_large() -> None:
     }
     codec = make_codec("topk", density=0.01)
     plan = codec.plan(pending)
-    kept = {key: c.k_for(pending[key].numel()) for key, c in plan.items()}
+    kept = {key: _kept(c, pending[key]) for key, c in plan.items()}
     # The set's 1 % (400 of 40,000 sampled whole), all of it in the loud tensor; a tensor
     # with nothing above the threshold still sends its single largest element.
     assert kept == {"loud": 400, "quiet": 1, "bias": 100}
@@ -163,16 +168,20 @@ def test_one_threshold_over_a_set_sends_where_the_update_is_large() -> None:
     assert fp16.plan(pending) == dict.fromkeys(pending, fp16)
 
 
-def test_the_plans_count_over_a_large_tensor_is_torchs_count() -> None:
-    """The plan counts each large tensor with the selection's pass: the same count."""
+def test_a_planned_tensor_keeps_torchs_count_at_the_threshold() -> None:
+    """Each tensor's k is counted by its selection's pass: torch's count, ties and a
+    tensor that is not contiguous included (nothing above the threshold: min_kept)."""
     gen = torch.Generator().manual_seed(5)
     for v in (
         torch.randn(700_000, generator=gen),
         torch.randn(600, 1000, generator=gen).round(),  # ties at the threshold
-        torch.randn(1000, 600, generator=gen).t(),  # not contiguous: torch's count
+        torch.randn(1000, 600, generator=gen).t(),  # not contiguous
     ):
-        for t in (0.0, 0.5, 1.0, 2.5, 9.0):
-            assert _count_at_or_above(v, t) == int(torch.count_nonzero(v.abs() >= t)), t
+        for t in (0.5, 1.0, 2.5, 9.0):
+            planned = make_codec("topk", density=0.01)
+            planned._threshold = t
+            count = int(torch.count_nonzero(v.abs() >= t))
+            assert _kept(planned, v) == max(count, min_kept(v.numel())), t
 
 
 def test_a_planned_tensor_keeps_exactly_what_is_at_or_above_the_sets_threshold() -> None:
@@ -184,15 +193,14 @@ def test_a_planned_tensor_keeps_exactly_what_is_at_or_above_the_sets_threshold()
         "quiet": torch.randn(400_000, generator=gen),
     }
     plan = make_codec("topk", density=0.15).plan(pending)
-    loud = plan["loud"]
-    assert loud.density > 0.2
-    threshold = loud._threshold
+    threshold = plan["loud"]._threshold
     assert threshold is not None and plan["quiet"]._threshold == threshold
+    assert _kept(plan["loud"], pending["loud"]) > 0.2 * pending["loud"].numel()
     for key, codec in plan.items():
         x = pending[key]
         y = decode_payload(codec.encode(x), shape=x.shape)
         assert torch.equal(y != 0, x.abs() >= threshold), key
-        assert int((y != 0).sum()) == codec.k_for(x.numel())
+        assert int((y != 0).sum()) == _kept(codec, x)
 
 
 def test_a_planned_tensor_with_nothing_above_the_threshold_still_decodes() -> None:
@@ -204,7 +212,20 @@ def test_a_planned_tensor_with_nothing_above_the_threshold_still_decodes() -> No
         "quiet": torch.randn(1580, 1580, generator=gen) * 1e-6,
     }
     codec = make_codec("topk", density=0.01).plan(pending)["quiet"]
-    k = codec.k_for(pending["quiet"].numel())
-    assert k >= pending["quiet"].numel() * MIN_DENSITY
+    k = _kept(codec, pending["quiet"])
+    assert k == min_kept(pending["quiet"].numel()) >= pending["quiet"].numel() * MIN_DENSITY
     y = decode_payload(codec.encode(pending["quiet"]), shape=(1580, 1580))
     assert int((y != 0).sum()) == k
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.4, 0.6, 0.85, 1.0])
+def test_the_quantile_of_a_mostly_zero_sample_is_the_sorted_samples(zeros: float) -> None:
+    """The rank-th largest, as a sort gives it, whether or not the sample is mostly zeros
+    (which the quantile partitions without), and zero where the rank reaches them."""
+    gen = torch.Generator().manual_seed(11)
+    sample = torch.randn(50_000, generator=gen).abs()
+    sample[torch.rand(50_000, generator=gen) < zeros] = 0.0
+    ordered = sample.sort(descending=True).values
+    for rank in (1, 7, 5_000, 10_000, 20_000, 49_999, 50_000, 80_000):
+        want = float(ordered[min(rank, len(ordered)) - 1])
+        assert quantile(sample.clone(), rank) == want, rank
