@@ -126,7 +126,13 @@ class Intake:
                 # now, go back before this round's payloads take memory, and payload
                 # buffers the last round did not use are let go (docs/scale.md).
                 allocator.trim()
-                fed.payloads.sweep()
+                let_go = fed.payloads.sweep()
+                log.debug(
+                    "[Coordinator.Payloads] round=%d kept_bytes=%d let_go_bytes=%d",
+                    fed.round,
+                    fed.payloads.nbytes,
+                    let_go,
+                )
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks or None,
