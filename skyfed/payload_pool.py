@@ -49,9 +49,9 @@ class PayloadPool:
             best: _Slot | None = None
             for slot in self._slots:
                 size = slot.array.size
-                if nbytes <= size < 2 * max(nbytes, 1) and self._free(slot):
-                    if best is None or size < best.array.size:
-                        best = slot
+                fits = nbytes <= size < 2 * max(nbytes, 1)
+                if fits and (best is None or size < best.array.size) and self._free(slot):
+                    best = slot
             if best is None:
                 best = _Slot(np.empty(nbytes, dtype=np.uint8))
                 self._slots.append(best)
