@@ -72,6 +72,14 @@ class PayloadPool:
             self._slots = kept
             return dropped
 
+    def let_go(self) -> int:
+        """Let go of every free buffer now (before something model-sized is allocated
+        beside them: an evaluation's copy of the weights); the bytes let go."""
+        with self._lock:
+            free = [slot for slot in self._slots if self._free(slot)]
+            self._slots = [slot for slot in self._slots if slot not in free]
+            return sum(slot.array.size for slot in free)
+
     @property
     def nbytes(self) -> int:
         """The memory of every buffer the pool knows, lent or free."""

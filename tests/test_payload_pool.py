@@ -62,3 +62,14 @@ def test_a_sweep_lets_go_of_buffers_no_round_took():
     assert pool.sweep() == 0  # still lent: never let go under its holder
     del kept
     assert pool.sweep() == MIB and pool.nbytes == 0
+
+
+def test_letting_go_keeps_only_the_buffers_still_lent():
+    pool = PayloadPool()
+    held, free = pool.take(MIB), pool.take(2 * MIB)
+    del free
+    assert pool.let_go() == 2 * MIB
+    assert pool.nbytes == MIB
+    held[:1] = b"x"  # still its holder's
+    del held
+    assert pool.let_go() == MIB and pool.nbytes == 0
