@@ -93,6 +93,7 @@ class Federation:
             rate_mbit=config.link_rate_mbit,
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
+        self.downlink.feedback.memory = self.payloads.take  # its payloads, kept mapped too
         self.outer = OuterOptimizer(config.outer)
         self.admission = Admission(self)
         self.intake = Intake(self)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from skyfed.compression import make_codec
+from skyfed.compression.feedback import ErrorFeedback
+from skyfed.feedback_encode import encode_in_place
 from skyfed.payload_pool import PayloadPool
 
 MIB = 1 << 20
@@ -73,3 +76,20 @@ def test_letting_go_keeps_only_the_buffers_still_lent():
     held[:1] = b"x"  # still its holder's
     del held
     assert pool.let_go() == MIB and pool.nbytes == 0
+
+
+def test_a_payload_encoded_into_pool_memory_stays_as_sent_while_it_is_held():
+    pool = PayloadPool()
+    codec = make_codec("fp16")
+    g = torch.randn(300, 70, generator=torch.Generator().manual_seed(0)) * 1e-7  # scaled
+    kept, plain = ErrorFeedback(memory=pool.take), ErrorFeedback()
+    first = dict(encode_in_place(kept, codec, [("w", g)]))["w"]
+    sent = bytes(first)
+    assert sent == bytes(dict(encode_in_place(plain, codec, [("w", g)]))["w"])
+    second = dict(encode_in_place(kept, codec, [("w", g * 3)]))["w"]
+    assert bytes(first) == sent and bytes(second) != sent  # the held one kept its memory
+    assert bytes(second) == bytes(dict(encode_in_place(plain, codec, [("w", g * 3)]))["w"])
+    assert torch.equal(kept.residuals["w"], plain.residuals["w"])
+    del first, second
+    pool.let_go()
+    assert pool.nbytes == 0
