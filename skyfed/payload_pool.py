@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,23 +39,23 @@ class PayloadPool:
     """
 
     def __init__(self) -> None:
-        self._slots: list[_Slot] = []
+        self._slots: dict[int, list[_Slot]] = {}
+        """By size: a round asks for the same sizes as the last, so a take looks at the
+        buffers of its own size first, not at every buffer (a model of many tensors)."""
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> memoryview:
-        """``nbytes`` of writable memory, not zeroed: the smallest free buffer that holds
-        them and is under twice their size (so a small payload does not pin a large
-        buffer), else a new one."""
+        """``nbytes`` of writable memory, not zeroed: a free buffer of that size, else the
+        smallest free one that holds them and is under twice their size (so a small
+        payload does not pin a large buffer), else a new one."""
         with self._lock:
-            best: _Slot | None = None
-            for slot in self._slots:
-                size = slot.array.size
-                fits = nbytes <= size < 2 * max(nbytes, 1)
-                if fits and (best is None or size < best.array.size) and self._free(slot):
-                    best = slot
+            best = next((s for s in self._slots.get(nbytes, ()) if self._free(s)), None)
+            if best is None:
+                sizes = sorted(n for n in self._slots if nbytes < n < 2 * max(nbytes, 1))
+                best = next((s for n in sizes for s in self._slots[n] if self._free(s)), None)
             if best is None:
                 best = _Slot(np.empty(nbytes, dtype=np.uint8))
-                self._slots.append(best)
+                self._slots.setdefault(nbytes, []).append(best)
             best.taken = True
             return memoryview(best.array)[:nbytes]
 
@@ -62,29 +63,36 @@ class PayloadPool:
         """Let go of the free buffers nothing took since the last sweep (call it once a
         round); the bytes let go."""
         with self._lock:
-            kept, dropped = [], 0
-            for slot in self._slots:
-                if not slot.taken and self._free(slot):
-                    dropped += slot.array.size
-                    continue
-                slot.taken = False
-                kept.append(slot)
-            self._slots = kept
+            dropped = self._keep(lambda slot: slot.taken or not self._free(slot))
+            for slots in self._slots.values():
+                for slot in slots:
+                    slot.taken = False
             return dropped
 
     def let_go(self) -> int:
         """Let go of every free buffer now (before something model-sized is allocated
         beside them: an evaluation's copy of the weights); the bytes let go."""
         with self._lock:
-            free = [slot for slot in self._slots if self._free(slot)]
-            self._slots = [slot for slot in self._slots if slot not in free]
-            return sum(slot.array.size for slot in free)
+            return self._keep(lambda slot: not self._free(slot))
+
+    def _keep(self, keep: Callable[[_Slot], bool]) -> int:
+        """Keep the buffers ``keep`` says; the bytes of the others (the caller holds the
+        lock)."""
+        dropped = 0
+        for size in list(self._slots):
+            kept = [slot for slot in self._slots[size] if keep(slot)]
+            dropped += size * (len(self._slots[size]) - len(kept))
+            if kept:
+                self._slots[size] = kept
+            else:
+                del self._slots[size]
+        return dropped
 
     @property
     def nbytes(self) -> int:
         """The memory of every buffer the pool knows, lent or free."""
         with self._lock:
-            return sum(slot.array.size for slot in self._slots)
+            return sum(size * len(slots) for size, slots in self._slots.items())
 
     @staticmethod
     def _free(slot: _Slot) -> bool:
