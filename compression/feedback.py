@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +56,9 @@ class ErrorFeedback:
     """
 
     residuals: dict[str, torch.Tensor] = field(default_factory=dict)
+    memory: Callable[[int], memoryview] | None = None
+    """Where payload memory comes from (``PayloadBuffer``'s ``memory``): the coordinator's
+    pool, which keeps it mapped between rounds; None: new numpy memory per encode."""
 
     def encode(self, key: str, codec: Codec, g: torch.Tensor) -> tuple[bytes, torch.Tensor]:
         """Encode ``g`` plus the key's residual; return the payload and what it sends, ``D(c)``.
@@ -82,13 +86,14 @@ class ErrorFeedback:
         return out
 
     def buffer(self, key: str) -> PayloadBuffer:
-        """The key's payload memory for its next encode: new memory each time, so a
-        payload's memory lives exactly as long as the payload (an unacknowledged upload,
-        a broadcast's encode) and nothing payload-sized is held between rounds: kept per
-        key, it held half the model at each end with FP16, through the local steps'
-        peak. numpy's fresh memory is cheap (huge pages): a 25M-element FP16 encode with
-        error feedback 96 CPU-ms into kept memory, 104 into new (docs/scale.md)."""
-        return PayloadBuffer()
+        """The key's payload memory for its next encode: new memory each time (from
+        ``memory`` where it is set), so a payload's memory lives exactly as long as the
+        payload (an unacknowledged upload, a broadcast's encode) and nothing payload-sized
+        is held between rounds: kept per key, it held half the model at each end with
+        FP16, through an agent's local steps' peak. New memory costs its first touch:
+        8-13 % of an FP16 encode right after a free, several times that once the freed
+        pages sat a few seconds (docs/scale.md), hence the coordinator's pool."""
+        return PayloadBuffer(self.memory)
 
     def credit(self, key: str, x: torch.Tensor) -> None:
         """Add ``x`` to the key's residual: unsent work that goes out with a later payload."""

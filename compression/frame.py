@@ -15,6 +15,7 @@ import math
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -67,17 +68,24 @@ class PayloadBuffer:
     (what the federation's senders do, ``skyfed/feedback_encode.py``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Callable[[int], memoryview] | None = None) -> None:
+        """``memory(nbytes)`` lends writable memory to grow into (a pool that keeps it
+        mapped between rounds, ``skyfed/payload_pool.py``); new numpy memory without it."""
         # numpy memory: every tensor, array and memoryview made from it holds a reference
         # to this array, so its reference count says whether a payload is still held.
         self._memory_B = np.empty(0, dtype=np.uint8)
+        self._memory = memory
 
     def take(self, nbytes: int) -> torch.Tensor:
         """The first ``nbytes`` as a 1-D uint8 tensor; the memory is replaced only to grow,
         so a payload still held from before keeps the old memory alive and unchanged."""
         if self._memory_B.size < nbytes:
             # 1/8 spare: a sparse codec's payload varies by a few % from round to round.
-            self._memory_B = np.empty(nbytes + nbytes // 8, dtype=np.uint8)
+            size = nbytes + nbytes // 8
+            if self._memory is None:
+                self._memory_B = np.empty(size, dtype=np.uint8)
+            else:
+                self._memory_B = np.frombuffer(self._memory(size), dtype=np.uint8)
         return torch.from_numpy(self._memory_B[:nbytes])
 
     @property

@@ -31,6 +31,7 @@ from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import RoundStats, Status, build_status
 from skyfed.files import write_text_atomic
 from skyfed.fingerprint import DigestStream, TensorInfo, spec_digest, weights_digest
+from skyfed.payload_pool import PayloadPool
 from skyfed.proto import serde
 from skyfed.wire import max_payload_bytes, raw_bytes
 
@@ -62,6 +63,9 @@ class Federation:
         self.history: deque[RoundStats] = deque(maxlen=HISTORY)
         self.stats = RoundStats(self.round, time.monotonic())
         self.aggregate = RoundAggregate(self.spec)
+        self.payloads = PayloadPool()
+        """The uplinks' payload memory, kept mapped from round to round (reused once the
+        close let go of a payload)."""
         self.contributed: set[str] = set()
         self.contributors: set[str] = set()
         """Every identity that ever had a contribution counted: each is owed the final
@@ -89,6 +93,7 @@ class Federation:
             rate_mbit=config.link_rate_mbit,
         )
         self.downlink = Downlink(self.spec, config.policy, config.seed)
+        self.downlink.feedback.memory = self.payloads.take  # its payloads, kept mapped too
         self.outer = OuterOptimizer(config.outer)
         self.admission = Admission(self)
         self.intake = Intake(self)

@@ -123,8 +123,16 @@ class Intake:
                 return
             if fed.aggregate.committed == 0 and not self._arriving():
                 # The round's first upload: the last broadcast's chunk buffers, sent by
-                # now, go back before this round's payloads take memory (docs/scale.md).
+                # now, go back before this round's payloads take memory, and payload
+                # buffers the last round did not use are let go (docs/scale.md).
                 allocator.trim()
+                let_go = fed.payloads.sweep()
+                log.debug(
+                    "[Coordinator.Payloads] round=%d kept_bytes=%d let_go_bytes=%d",
+                    fed.round,
+                    fed.payloads.nbytes,
+                    let_go,
+                )
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks or None,
@@ -135,6 +143,7 @@ class Intake:
                     num_tensors=len(fed.spec),
                     max_chunk_bytes=fed.config.max_chunk_bytes,
                     max_payload_bytes=fed.max_payload,
+                    memory=fed.payloads.take,
                 ),
                 loss=header.loss,
                 train_s=header.train_s,

@@ -117,6 +117,9 @@ class Observer:
     def _weights(self) -> tuple[int, list]:
         fed = self.federation
         with fed.cond:  # a consistent copy: the round engine changes weights under it
+            # The copy is model-sized: the uplinks' free payload memory goes first, so the
+            # two never add up (the next round's uplinks take new memory; docs/scale.md).
+            fed.payloads.let_go()
             return fed.round - 1, [w.clone() for w in fed.weights]
 
     def _evaluated(self, result: EvalResult) -> None:

@@ -8,7 +8,7 @@ and nothing half-assembled leaves it. Framing only: chunks are ``skyfed.wire.Chu
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -76,7 +76,10 @@ class Assembler:
         num_tensors: int,
         max_chunk_bytes: int,
         max_payload_bytes: list[int],
+        memory: Callable[[int], memoryview] | None = None,
     ) -> None:
+        """``memory(nbytes)`` lends the buffer a payload of several chunks is copied into
+        (writable, not zeroed; ``skyfed/payload_pool.py``); new numpy memory without it."""
         self.kind = kind
         self.round = round
         self.num_tensors = num_tensors
@@ -89,6 +92,7 @@ class Assembler:
         # The buffer is numpy's: not zeroed first (a bytearray is), and numpy asks for
         # huge pages for large arrays, so a 50 MB payload costs 8.5 CPU-ms to assemble
         # here against 29 (docs/scale.md).
+        self._memory = _uninitialized if memory is None else memory
         self._buffer = memoryview(b"")
         self._size = 0
 
@@ -105,7 +109,7 @@ class Assembler:
             self._open, self._size = None, 0
             return Payload(chunk.tensor, chunk.shard, chunk.codec, chunk.data)
         if chunk.part == 0:  # sized by what it claims, within the payload's bound
-            self._buffer = _uninitialized(min(chunk.parts * self.max_chunk_bytes, bound))
+            self._buffer = self._memory(min(chunk.parts * self.max_chunk_bytes, bound))
         # (end <= parts * max_chunk_bytes: every chunk is checked against that bound)
         self._buffer[self._size : end] = chunk.data
         self._size = end

@@ -52,6 +52,20 @@ def test_decode_add_equals_adding_a_fresh_decode_bit_for_bit(name, params, dtype
             assert torch.equal(_bits(acc), _bits(expected)), (shape, alpha)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_scaled_fp16_payload_decodes_in_bit_for_bit_with_its_scale_in_alpha(dtype) -> None:
+    """Values under FP16's least normal travel scaled (``s = 2**k``); their decode-add
+    folds ``s`` into ``alpha`` in one pass, and must give what a fresh decode gives."""
+    codec = make_codec("fp16")
+    for shape in [(7, 300), (2 * BLOCK_NUMEL + 777,)]:
+        payload = codec.encode(_randn(*shape, seed=3) * 1e-7)
+        for alpha in [*ALPHAS, 3.0e-38, 1.0e38, 0.0]:  # the last three: the slow path
+            acc = _randn(*shape, seed=4, dtype=dtype) * 1e-6
+            expected = _reference(codec, payload, acc, alpha)
+            codec.decode_add(payload, acc, alpha)
+            assert torch.equal(_bits(acc), _bits(expected)), (shape, alpha)
+
+
 @pytest.mark.parametrize(("name", "params"), CODECS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_decode_add_into_a_shard_view_touches_only_the_shard(name, params, dtype) -> None:
