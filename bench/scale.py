@@ -7,7 +7,9 @@
 Every run starts the real ``coordinator serve`` and ``--agents`` ``agent start`` processes
 (real mTLS with a throwaway CA, loopback) on ``skyfed.tasks.examples:wide?params=N`` (four
 square Linear layers, ``--local-steps``, 1 unless told) with one fixed codec, and runs
-``--rounds`` rounds. Per size and codec it prints medians over the rounds after the first:
+``--rounds`` rounds. Per size and codec it prints medians over the rounds after the first
+``--warmup`` (1 unless told; 3 leaves out the rounds whose checkpoint is a new file, not
+the recycled spare of the steady state: docs/scale.md, Checkpoints):
 
 - round s: a round's duration as the coordinator reports it (open to close; the next
   round opens at the close, so in steady state this is the whole cycle, broadcast and the
@@ -213,7 +215,7 @@ def _row(
     model = sum(p.numel() for p in load_task(f"{TASK}?params={params}").build_model(0).parameters())
     model_bytes = model * 4
     status = json.loads((work / "status.json").read_text())
-    rounds = status["rounds"][1:] or status["rounds"]
+    rounds = status["rounds"][args.warmup :] or status["rounds"]
     digests = {json.loads((work / f"{n}.json").read_text())["weights_digest"] for _, n in agents}
     if digests != {status["weightsDigest"]}:
         raise RuntimeError(f"agents differ from the coordinator at {params} {codec}: {digests}")
@@ -222,7 +224,7 @@ def _row(
     row.train_s = statistics.median(r.get("trainS", 0.0) for r in rounds)
     row.exchange_s = statistics.median(r["durationS"] - r.get("trainS", 0.0) for r in rounds)
     marks = sorted(seen.cpu_at_round.items())
-    marks = [(n, c) for n, c in marks if n >= 1]
+    marks = [(n, c) for n, c in marks if n >= args.warmup]
     if len(marks) >= 2:
         (n0, c0), (n1, c1) = marks[0], marks[-1]
         row.cpu_s = (c1["coordinator"] - c0["coordinator"]) / (n1 - n0)
@@ -284,7 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="1M,10M,25M,100M", help="Model sizes, k/M suffixes.")
     parser.add_argument("--codecs", default="fp16,topk", help="Fixed codecs, one run each.")
     parser.add_argument("--agents", type=int, default=3, help=f"Agents, 1..{len(CLOUDS)}.")
-    parser.add_argument("--rounds", type=int, default=5, help="Rounds per run (medians skip 0).")
+    parser.add_argument("--rounds", type=int, default=5, help="Rounds per run.")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="Rounds the medians and CPU-s skip (default 1); 3 skips the rounds whose "
+        "checkpoints are new files (docs/scale.md, Checkpoints).",
+    )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="Per run.")
     parser.add_argument(
         "--record", metavar="WHAT", help="Also write bench/results/<date>-scale-WHAT.md."
@@ -307,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
     if not 1 <= args.agents <= len(CLOUDS) or args.rounds < 3:
         parser.error(f"--agents must be 1..{len(CLOUDS)} and --rounds >= 3")
+    if not 1 <= args.warmup <= args.rounds - 2:
+        parser.error("--warmup must be 1..--rounds - 2 (CPU-s needs two rounds after it)")
     rows = []
     for size in sizes:
         for codec in codecs:
@@ -322,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     lines = [
         f"{args.agents} agents, {args.rounds} rounds, --local-steps {args.local_steps}, "
-        "loopback; medians over rounds 1..",
+        f"loopback; medians over rounds {args.warmup}..",
         "",
         *table(rows),
         "",

@@ -171,6 +171,10 @@ class _Round:
     entries: dict[str, dict[int, dict]]
     end: int = 0
     """Bytes used so far, the footer's offset once every tensor is in."""
+    recycled: bool = False
+    """Written into the spare (pages the kernel holds), not a new file."""
+    cpu_s: float = 0.0
+    """The writer thread's CPU time when it opened the file (``time.thread_time``)."""
 
 
 class CheckpointWriter:
@@ -274,7 +278,8 @@ class CheckpointWriter:
                 if isinstance(job, _Round):
                     current = job
                     job.tmp.parent.mkdir(parents=True, exist_ok=True)
-                    f = self._open(job.tmp)
+                    current.cpu_s = time.thread_time()
+                    f, current.recycled = self._open(job.tmp)
                     current.end = 0
                 elif current is None or f is None:
                     continue  # a failed round: drop its jobs until the next begins
@@ -295,13 +300,14 @@ class CheckpointWriter:
                 self._written.set()
 
     def _open(self, tmp: Path):  # noqa: ANN202 - a raw binary file
-        """``tmp`` opened for writing: the spare file if there is one (its pages are
-        overwritten in place, then it is cut to size at the footer), else a new file."""
+        """``tmp`` opened for writing, and whether it is recycled: the spare file if there
+        is one (its pages are overwritten in place, then it is cut to size at the footer),
+        else a new file."""
         try:
             os.replace(self.directory / SPARE, tmp)
-            return open(tmp, "r+b", buffering=0)  # noqa: SIM115 - closed at finish
+            return open(tmp, "r+b", buffering=0), True  # noqa: SIM115 - closed at finish
         except FileNotFoundError:
-            return open(tmp, "wb", buffering=0)  # noqa: SIM115 - closed at finish
+            return open(tmp, "wb", buffering=0), False  # noqa: SIM115 - closed at finish
 
     def _offset(self, r: _Round, section: str, index: int) -> int:
         """Weights first, each tensor aligned, then each further section in the same layout."""
@@ -361,6 +367,14 @@ class CheckpointWriter:
         written_ms = (time.perf_counter() - r.started) * 1000
         self._to_sync.put((target, r.round, r.started, written_ms))
         self._written.set()
+        # The writer's CPU: new page-cache pages cost ~10x pages the spare holds here
+        # (docs/scale.md, Checkpoints); a run's first rounds have no spare yet.
+        log.info(
+            "[Coordinator.Checkpoint] round=%d write_cpu_ms=%.0f recycled=%s",
+            r.round,
+            (time.thread_time() - r.cpu_s) * 1000,
+            r.recycled,
+        )
 
     def _sync_loop(self) -> None:
         while (job := self._to_sync.get()) is not None:

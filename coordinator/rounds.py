@@ -182,7 +182,8 @@ class Rounds:
 
     def _stream(self, payloads: Iterable[Payload], sessions: list[Session]) -> int:
         """Queue every payload's chunks for every session as each payload is made (each
-        chunk converted and serialized once, its bytes shared); the number of chunks."""
+        chunk converted once and shared; its bytes are a view of the payload, joined as
+        each session sends it: docs/scale.md, Streams); the number of chunks."""
         fed, sent = self.fed, 0
         self._encode_s, started = 0.0, time.perf_counter()
         for payload in payloads:
@@ -193,6 +194,7 @@ class Rounds:
                 round=fed.round,
                 first_seq=sent,
                 max_chunk_bytes=fed.config.max_chunk_bytes,
+                views=True,
             ):
                 encoded = serde.serialized_chunk(chunk)
                 for s in sessions:

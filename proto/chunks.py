@@ -19,14 +19,27 @@ DEFAULT_MAX_CHUNK_BYTES = 1 << 20
 
 
 def cut(
-    payload: Payload, *, kind: int, round: int, first_seq: int, max_chunk_bytes: int
+    payload: Payload,
+    *,
+    kind: int,
+    round: int,
+    first_seq: int,
+    max_chunk_bytes: int,
+    views: bool = False,
 ) -> Iterator[Chunk]:
-    """Chunks for one payload, numbered from ``first_seq``; an empty payload is one chunk."""
-    data = payload.data
+    """Chunks for one payload, numbered from ``first_seq``; an empty payload is one chunk.
+
+    ``views``: each chunk's data is a memoryview of the payload's memory, not a copy, so
+    the payload's memory lives as long as any of its chunks (the broadcast's queue holds
+    the pooled payloads themselves, docs/scale.md, Streams); else each is ``bytes``."""
+    data = memoryview(payload.data).cast("B") if views else payload.data
     parts = max(1, -(-len(data) // max_chunk_bytes))
     for part in range(parts):
-        # bytes for protobuf: a slice of bytes already is one; a memoryview's is copied.
-        piece = bytes(data[part * max_chunk_bytes : (part + 1) * max_chunk_bytes])
+        piece = data[part * max_chunk_bytes : (part + 1) * max_chunk_bytes]
+        if (
+            not views
+        ):  # bytes for protobuf: a slice of bytes already is one; a memoryview's is copied
+            piece = bytes(piece)
         yield Chunk(
             kind=kind,
             round=round,
@@ -36,7 +49,7 @@ def cut(
             seq=first_seq + part,
             part=part,
             parts=parts,
-            data=piece,
+            data=piece,  # type: ignore[arg-type]  # a memoryview with ``views``: bytes-like
             crc32=zlib.crc32(piece),
         )
 

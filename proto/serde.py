@@ -192,23 +192,41 @@ def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessa
 class Serialized:
     """A message serialized once, queued as is on every session of a broadcast: each
     aggregate chunk is converted and serialized one time, not once per agent (and no
-    shared message is stamped by several sessions' senders at once)."""
+    shared message is stamped by several sessions' senders at once).
 
-    data: bytes
+    Its bytes are ``parts`` in order. A broadcast chunk's parts are its header, a view of
+    the pooled payload's memory and its crc32, joined only when a session's sender asks
+    for :attr:`data` (docs/scale.md, Streams): the queue then holds the payload's own
+    memory (``skyfed/payload_pool.py``, which lends it again only once no queued chunk
+    refers to it), not a copy of every chunk in new memory, for one short-lived 1 MiB
+    copy per session and chunk.
+    """
+
+    parts: tuple[bytes | memoryview, ...]
     body: str
     """The message's ``body`` field (how an outbox routes it)."""
 
+    @property
+    def data(self) -> bytes:
+        """The message's bytes (one part that is ``bytes`` is returned as is, not copied)."""
+        return b"".join(self.parts)
+
+    @property
+    def size(self) -> int:
+        """How many bytes :attr:`data` holds, without joining them."""
+        return sum(len(p) for p in self.parts)
+
 
 def serialized(m: pb.CoordinatorMessage) -> Serialized:
-    return Serialized(m.SerializeToString(), m.WhichOneof("body") or "")
+    return Serialized((m.SerializeToString(),), m.WhichOneof("body") or "")
 
 
 # ---- chunks, serialized without a message --------------------------------------------------
 # Building a protobuf message around 1 MiB of data and serializing it costs ~0.9 CPU-ms
 # per MiB here (upb's arena grows into fresh pages for every message), 30x a copy: the
 # chunks of a round (1.2 GB at 100M parameters, both ends) are written as protobuf's own
-# wire format instead, the header's few fields and then the data, in one join. Byte for
-# byte what SerializeToString gives (tests/test_serde.py); parsed by protobuf as usual.
+# wire format instead, the header's few fields and then the data, joined when sent. Byte
+# for byte what SerializeToString gives (tests/test_serde.py); parsed by protobuf as usual.
 
 _AGENT_CHUNK_FIELD = pb.AgentMessage.DESCRIPTOR.fields_by_name["chunk"].number
 _COORDINATOR_CHUNK_FIELD = pb.CoordinatorMessage.DESCRIPTOR.fields_by_name["chunk"].number
@@ -253,28 +271,33 @@ def _chunk_head(c: Chunk) -> bytes:
     return b"".join(parts)
 
 
-def _chunk_bytes(field: int, c: Chunk) -> bytes:
-    head = _chunk_head(c)
-    data = _delimited(9, c.data) if len(c.data) else b""
+def _chunk_parts(field: int, c: Chunk) -> Serialized:
+    """The message's bytes as three parts: everything before the data, the data itself
+    (not copied: a memoryview stays one), the crc32."""
+    data = c.data
+    head = _chunk_head(c) + (_delimited(9, data) if len(data) else b"")
     crc = _key(10, 5) + c.crc32.to_bytes(4, "little") if c.crc32 else b""
-    size = len(head) + len(data) + len(c.data) + len(crc)
-    return b"".join((_key(field, 2), _varint(size), head, data, c.data, crc))
+    size = len(head) + len(data) + len(crc)
+    return Serialized((_key(field, 2) + _varint(size) + head, data, crc), "chunk")
 
 
 def serialized_chunk(c: Chunk) -> Serialized:
-    """``CoordinatorMessage{chunk: c}`` serialized, without building the message."""
-    return Serialized(_chunk_bytes(_COORDINATOR_CHUNK_FIELD, c), "chunk")
+    """``CoordinatorMessage{chunk: c}`` serialized, without building the message; its data
+    is joined in when a session sends it."""
+    return _chunk_parts(_COORDINATOR_CHUNK_FIELD, c)
 
 
 def serialized_agent_chunk(c: Chunk) -> Serialized:
-    """``AgentMessage{chunk: c}`` serialized, without building the message."""
-    return Serialized(_chunk_bytes(_AGENT_CHUNK_FIELD, c), "chunk")
+    """``AgentMessage{chunk: c}`` serialized, without building the message; its data is
+    joined in when the stream sends it."""
+    return _chunk_parts(_AGENT_CHUNK_FIELD, c)
 
 
 def numbered(m: Serialized, position: int) -> Serialized:
     """``m`` with ``order = position``: a serialized message followed by another's bytes
-    parses as their merge, and the later scalar wins."""
-    return Serialized(m.data + pb.CoordinatorMessage(order=position).SerializeToString(), m.body)
+    parses as their merge, and the later scalar wins (a part more, nothing copied)."""
+    order = pb.CoordinatorMessage(order=position).SerializeToString()
+    return Serialized((*m.parts, order), m.body)
 
 
 def coordinator_message_bytes(m: pb.CoordinatorMessage | Serialized) -> bytes:
@@ -302,7 +325,7 @@ def agent_stream(channel: grpc.Channel, method: str) -> grpc.StreamStreamMultiCa
 
 def wire_size(m: pb.CoordinatorMessage | pb.AgentMessage | Serialized) -> int:
     """The message's encoded bytes (what a session's byte counters add)."""
-    return len(m.data) if isinstance(m, Serialized) else m.ByteSize()
+    return m.size if isinstance(m, Serialized) else m.ByteSize()
 
 
 # ---- status --------------------------------------------------------------------------------

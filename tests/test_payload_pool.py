@@ -9,6 +9,10 @@ from skyfed.compression import make_codec
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.feedback_encode import encode_in_place
 from skyfed.payload_pool import PayloadPool
+from skyfed.proto import serde
+from skyfed.proto.chunks import cut
+from skyfed.proto.outbox import Outbox
+from skyfed.wire import Payload
 
 MIB = 1 << 20
 
@@ -93,3 +97,29 @@ def test_a_payload_encoded_into_pool_memory_stays_as_sent_while_it_is_held():
     del first, second
     pool.let_go()
     assert pool.nbytes == 0
+
+
+def test_a_pooled_payload_is_not_lent_while_a_queued_chunk_of_it_lives():
+    pool = PayloadPool()
+    content = bytes(range(256)) * (3 * MIB // 256)
+    memory = pool.take(3 * MIB)
+    memory[:] = content
+    first = _address(memory)
+    payload = Payload(0, None, "fp16", memory)  # type: ignore[arg-type]
+    outbox = Outbox()
+    for chunk in cut(payload, kind=1, round=0, first_seq=0, max_chunk_bytes=MIB, views=True):
+        outbox.put(serde.serialized_chunk(chunk))  # a view of the pool's memory, no copy
+    del memory, payload, chunk
+    other = pool.take(3 * MIB)  # the queue still refers to the first: a buffer of its own
+    second = _address(other)
+    assert second != first and pool.nbytes == 6 * MIB
+    other[:] = bytes(3 * MIB)
+    outbox.close()
+    sent = [serde.coordinator_message_bytes(m) for m in outbox]
+    eager = cut(
+        Payload(0, None, "fp16", content), kind=1, round=0, first_seq=0, max_chunk_bytes=MIB
+    )
+    assert sent == [serde.serialized_chunk(c).data for c in eager]  # as queued, unchanged
+    del other, outbox
+    again = pool.take(3 * MIB)  # both free once the queue is drained: no new memory
+    assert _address(again) in {first, second} and pool.nbytes == 6 * MIB

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from skyfed.compression.monitor import Window
@@ -10,12 +13,14 @@ from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
+from skyfed.proto.chunks import cut
 from skyfed.wire import (
     MAX_LOCAL_STEPS,
     Announce,
     Chunk,
     Heartbeat,
     Hello,
+    Payload,
     ProbeOffer,
     Receipt,
     RoundEnd,
@@ -148,3 +153,47 @@ def test_a_chunk_serialized_without_a_message_is_protobufs_bytes(chunk: Chunk) -
     agent = serde.serialized_agent_chunk(chunk)
     assert agent.data == serde.agent_message_to_proto(chunk).SerializeToString()
     assert serde.agent_message_from_bytes(serde.agent_message_bytes(agent)) == chunk
+
+
+@pytest.mark.parametrize("chunk", _chunks())
+def test_a_chunk_over_a_view_of_its_payload_serializes_as_one_over_bytes(chunk: Chunk) -> None:
+    viewed = replace(chunk, data=memoryview(bytearray(chunk.data)))
+    for lazy, eager, message in [
+        (serde.serialized_chunk(viewed), serde.serialized_chunk(chunk), pb.CoordinatorMessage),
+        (
+            serde.serialized_agent_chunk(viewed),
+            serde.serialized_agent_chunk(chunk),
+            pb.AgentMessage,
+        ),
+    ]:
+        assert lazy.data == eager.data and serde.wire_size(lazy) == len(eager.data)
+        numbered = serde.numbered(lazy, 2**40 + 3)
+        parsed = message.FromString(serde.coordinator_message_bytes(numbered))
+        assert parsed.order == 2**40 + 3
+        assert serde.wire_size(numbered) == len(numbered.data)
+    parsed = pb.CoordinatorMessage.FromString(serde.serialized_chunk(viewed).data)
+    assert serde.coordinator_message_from_proto(parsed) == chunk
+
+
+def test_a_view_serialized_lazily_sends_what_its_memory_holds_when_sent():
+    memory = bytearray(b"abcd")
+    chunk = Chunk(1, 0, 0, None, "fp32", 0, 0, 1, memoryview(memory), 0)  # type: ignore[arg-type]
+    shared = serde.serialized_chunk(chunk)
+    assert pb.CoordinatorMessage.FromString(shared.data).chunk.data == b"abcd"
+    memory[:] = b"wxyz"  # which is why the payload pool must not lend it while it is queued
+    assert pb.CoordinatorMessage.FromString(shared.data).chunk.data == b"wxyz"
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 4097, 3 * 4096])
+def test_chunks_cut_as_views_of_a_payload_are_the_chunks_cut_as_copies(size: int) -> None:
+    data = bytes(i * 7 % 251 for i in range(size))
+    memory = memoryview(np.frombuffer(data, dtype=np.uint8).copy())
+    copies = list(cut(Payload(3, (0, 8, 9), "fp16", data), **CUT))
+    views = list(cut(Payload(3, (0, 8, 9), "fp16", memory), views=True, **CUT))  # type: ignore[arg-type]
+    assert all(isinstance(c.data, memoryview) for c in views)
+    assert [replace(c, data=bytes(c.data)) for c in views] == copies
+    sent = [serde.serialized_chunk(c).data for c in views]
+    assert sent == [serde.coordinator_message_to_proto(c).SerializeToString() for c in copies]
+
+
+CUT = dict(kind=1, round=5, first_seq=11, max_chunk_bytes=4096)
