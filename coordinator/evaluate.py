@@ -1,8 +1,14 @@
 """Held-out evaluation of the canonical weights, off the round's critical path.
 
-The caller hands over a copy of the weights; a worker thread loads it into a model of its
+The caller hands over a copy of the weights; a worker thread puts it into a model of its
 own and calls the task's ``eval_loss``. A round that closes while an evaluation runs is
 not waited for: the next due round is evaluated once the worker is free.
+
+The model's parameters hold no memory of their own: the copy handed over becomes them for
+the evaluation, and they are emptied after it. A model kept whole beside the weights was
+a third model-sized block in the coordinator all run (1x of its peak RSS at the round's
+close, docs/scale.md, Measured), and each evaluation copied the weights into it once more.
+Its buffers (a norm's running statistics: not federated) stay as the model was built.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class Evaluator:
         self._eval_loss = getattr(task, "eval_loss", None)
         self.every = every
         self._model = task.build_model(0) if self.enabled else None
+        self._shapes = [] if self._model is None else [p.shape for p in self._model.parameters()]
+        self._empty_parameters()
         self._on_result = on_result
         self._lock = threading.Lock()
         self._busy = False
@@ -69,6 +77,12 @@ class Evaluator:
         )
         self._worker.start()
 
+    def _empty_parameters(self) -> None:
+        """Let go of the parameters' memory until the next evaluation hands its copy."""
+        if self._model is not None:
+            for p in self._model.parameters():
+                p.data = torch.empty(0, dtype=p.dtype)
+
     def join(self, timeout: float | None = None) -> None:
         if self._worker is not None:
             self._worker.join(timeout)
@@ -77,13 +91,16 @@ class Evaluator:
         started = time.monotonic()
         try:
             with torch.no_grad():
-                for p, w in zip(self._model.parameters(), weights, strict=True):
-                    p.copy_(w.to(p.dtype))
+                params = zip(self._model.parameters(), self._shapes, weights, strict=True)
+                for p, shape, w in params:
+                    p.data = w.to(p.dtype).view(shape)  # the copy itself (or its cast)
             self._model.eval()
             loss = float(self._eval_loss(self._model))
         except Exception:  # a task's own eval must not take the coordinator down
             log.exception("[Coordinator.Eval] round=%d failed", round_)
             loss = float("nan")
+        finally:
+            self._empty_parameters()
         result = EvalResult(round_, loss, time.monotonic() - started)
         with self._lock:
             self.latest = result

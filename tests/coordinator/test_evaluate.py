@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import torch
+
 from skyfed.coordinator.evaluate import EvalResult, Evaluator
 from skyfed.tasks import load_task
 
@@ -40,3 +42,30 @@ def test_a_task_without_eval_loss_is_never_evaluated():
 
     evaluator = Evaluator(NoEval(), every=1)
     assert not evaluator.enabled and not evaluator.due(0, final=True)
+
+
+def test_the_evaluation_model_holds_no_parameter_memory_between_evaluations():
+    task = load_task(TASK)
+    model = task.build_model(3)
+    weights = [p.detach().clone() for p in model.parameters()]
+    handed = [w.clone() for w in weights]
+    done = threading.Event()
+    got: list[EvalResult] = []
+    evaluator = Evaluator(task, every=1, on_result=lambda r: (got.append(r), done.set()))
+    held = lambda: sum(p.numel() for p in evaluator._model.parameters())  # noqa: E731
+    assert held() == 0  # built for its structure and buffers; no weights until handed some
+    evaluator.submit(2, handed)
+    assert done.wait(30) and got[0].loss == task.eval_loss(model)
+    evaluator.join(30)
+    assert held() == 0
+    assert all(torch.equal(h, w) for h, w in zip(handed, weights, strict=True))  # read only
+    done.clear()
+    evaluator.submit(3, [w * 0 for w in weights])  # the next copy, not the last one's
+    assert done.wait(30) and got[1].loss == task.eval_loss(_zeroed(task.build_model(3)))
+
+
+def _zeroed(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return model
