@@ -3,7 +3,8 @@ Checkpoints).
 
 A checkpoint is one file per round, ``round-<n>.ckpt``: the tensors' raw bytes (the
 weights, then the downlink residual, then the outer optimizer's momentum), then a JSON
-footer (round, model, tensor layout, the sha256-tree digest of each section), its length
+footer (round, model, tensor layout, each section's digest: the weights' sha256 tree, the
+others' crc32 tree, :func:`section_digest`), its length
 and a magic.
 :class:`CheckpointWriter` writes it on its own thread, each tensor as soon as the round
 has finished with it (while later tensors are still being encoded and the aggregate's
@@ -42,11 +43,14 @@ from pathlib import Path
 import torch
 
 from skyfed import failpoints
-from skyfed.fingerprint import weights_digest
+from skyfed.fingerprint import integrity_digest, weights_digest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
+"""3: the residual and momentum sections verified by ``integrity_digest`` (crc32 blocks);
+2 (still read): every section by ``weights_digest`` (docs/scale.md, Digests)."""
+READABLE = (2, 3)
 MAGIC = b"SKYFEDCK"
 SUFFIX = ".ckpt"
 PREFIX = "round-"
@@ -87,6 +91,14 @@ def save(directory: Path, ckpt: Checkpoint) -> Path:
     return path_for(directory, ckpt.round)
 
 
+def section_digest(section: str, tensors: list[torch.Tensor], fmt: int = FORMAT) -> str:
+    """What a checkpoint of format ``fmt`` holds for ``section``: the weights' own digest
+    (the one agents compare), the cheaper integrity digest for the rest from format 3."""
+    if section == "weights" or fmt < 3:
+        return weights_digest(tensors)
+    return integrity_digest(tensors)
+
+
 def load(directory: Path) -> Checkpoint | None:
     """The newest checkpoint whose digests verify, or None if there is none at all.
 
@@ -124,8 +136,9 @@ def read(path: Path) -> Checkpoint:
             raise ValueError(f"footer of {foot_len} bytes")
         f.seek(size - TRAILER_BYTES - foot_len)
         footer = json.loads(f.read(foot_len))
-        if footer.get("format") != FORMAT:
-            raise ValueError(f"format {footer.get('format')}, expected {FORMAT}")
+        fmt = footer.get("format")
+        if fmt not in READABLE:
+            raise ValueError(f"format {fmt}, expected one of {READABLE}")
         if path.name.startswith(PREFIX) and path != path_for(path.parent, int(footer["round"])):
             raise ValueError(f"holds round {footer['round']}: a recycled file torn before its end")
         sections: dict[str, list[torch.Tensor]] = {}
@@ -138,7 +151,7 @@ def read(path: Path) -> Checkpoint:
                     raise ValueError("file is truncated")
                 sections.setdefault(section, []).append(t)
     for section, tensors in sections.items():
-        if weights_digest(tensors) != footer["digests"][section]:
+        if section_digest(section, tensors, fmt) != footer["digests"][section]:
             raise ValueError(f"{section} do not match their digest")
     return Checkpoint(
         round=int(footer["round"]),
@@ -244,7 +257,7 @@ class CheckpointWriter:
             for i, t in enumerate(tensors or []):
                 self.add(section, i, t)
             if tensors and section != "weights":
-                digests[section] = weights_digest(tensors)
+                digests[section] = section_digest(section, tensors)
         self.finish(digests)
 
     def wait_written(self, timeout: float | None = None) -> None:

@@ -136,7 +136,11 @@ class Federation:
     def begin_round_state(self) -> None:
         """The closing round's weights and residuals are about to become final, tensor by
         tensor: start their digest and (with a checkpoint directory) their checkpoint."""
-        self._digests = {section: DigestStream() for section in checkpoint.SECTIONS}
+        # The weights' digest names them to the agents; the rest only guards the file
+        # (checkpoint.section_digest).
+        self._digests = {
+            section: DigestStream(integrity=section != "weights") for section in checkpoint.SECTIONS
+        }
         self._written_sections: set[str] = set()
         if self.checkpoints is not None:
             self.checkpoints.begin(self.round, self.digest, [t.shape for t in self.spec])

@@ -6,6 +6,7 @@ import hashlib
 import math
 import os
 import threading
+import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ import torch
 # enough to keep both cores busy; per-block overhead is negligible at that size.
 DIGEST_BLOCK_BYTES = 8 << 20
 DIGEST_VERSION = b"skyfed-weights-v2"
+INTEGRITY_VERSION = b"skyfed-integrity-v1"
+"""The tag of :func:`integrity_digest`'s tree (crc32 blocks), a checkpoint's sections
+beyond the weights."""
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -64,26 +68,45 @@ def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
     return stream.hexdigest()
 
 
-class DigestStream:
-    """:func:`weights_digest` fed one tensor at a time, as each becomes final: its blocks
-    hash on the pool while the caller goes on (the coordinator hashes each tensor of the
-    round's weights while it encodes the next). A tensor added must not change until
-    :meth:`hexdigest` returns."""
+def integrity_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """:func:`weights_digest`'s tree with crc32 blocks: what a checkpoint's downlink
+    residual and outer momentum are verified against on load (docs/scale.md, Digests).
 
-    def __init__(self) -> None:
+    Those bytes never leave the coordinator and name nothing to anyone: the digest only
+    has to catch a torn or damaged file, which a crc32 per 8 MiB block does (every burst of
+    up to 32 bits, else all but 2**-32 of damaged blocks), and no unkeyed digest stored
+    beside the data could stop one who can write the file. crc32 is the cheapest of
+    Python's own: over 400 MB here 0.18 CPU-s against sha256's 0.28-0.34 (adler32 0.23),
+    ~0.15 CPU-s a round at 100M parameters for the coordinator's residual.
+    """
+    stream = DigestStream(integrity=True)
+    for t in tensors:
+        stream.add(t)
+    return stream.hexdigest()
+
+
+class DigestStream:
+    """:func:`weights_digest` (or, with ``integrity``, :func:`integrity_digest`) fed one
+    tensor at a time, as each becomes final: its blocks hash on the pool while the caller
+    goes on (the coordinator hashes each tensor of the round's weights while it encodes
+    the next). A tensor added must not change until :meth:`hexdigest` returns."""
+
+    def __init__(self, integrity: bool = False) -> None:
         self._pending: list[tuple[int, list[Future[bytes]]]] = []
+        self._block = _block_crc32 if integrity else _block_digest
+        self._version = INTEGRITY_VERSION if integrity else DIGEST_VERSION
 
     def add(self, t: torch.Tensor) -> None:
         raw = _bytes_of(t)
         pool = _digest_pool()
         blocks = [
-            pool.submit(_block_digest, raw[i : i + DIGEST_BLOCK_BYTES])
+            pool.submit(self._block, raw[i : i + DIGEST_BLOCK_BYTES])
             for i in range(0, len(raw), DIGEST_BLOCK_BYTES)
         ]
         self._pending.append((len(raw), blocks))
 
     def hexdigest(self) -> str:
-        top = hashlib.sha256(DIGEST_VERSION)
+        top = hashlib.sha256(self._version)
         for nbytes, blocks in self._pending:
             top.update(nbytes.to_bytes(8, "little"))
             for block in blocks:
@@ -103,6 +126,10 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 
 def _block_digest(block: memoryview) -> bytes:
     return hashlib.sha256(block).digest()
+
+
+def _block_crc32(block: memoryview) -> bytes:
+    return zlib.crc32(block).to_bytes(4, "little")  # zlib drops the GIL for large buffers
 
 
 def _digest_pool() -> ThreadPoolExecutor:

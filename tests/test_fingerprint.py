@@ -37,3 +37,16 @@ def test_a_transposed_view_is_digested_as_its_values():
     w = torch.randn(4, 6)
     assert weights_digest([w.t()]) == weights_digest([w.t().contiguous()])
     assert weights_digest([w.t()]) != weights_digest([w])
+
+
+def test_the_integrity_digest_catches_a_flipped_bit_in_any_block_and_is_no_weights_digest():
+    ws = _weights()
+    before = fingerprint.integrity_digest(ws)
+    assert before == fingerprint.integrity_digest(w.clone() for w in ws)
+    assert before != weights_digest(ws)  # another tree: the two never pass for each other
+    for index in (0, fingerprint.DIGEST_BLOCK_BYTES // 4 + 1, ws[0].numel() - 1):
+        flipped = [w.clone() for w in ws]
+        flipped[0].view(torch.int32)[index] ^= 1
+        assert fingerprint.integrity_digest(flipped) != before, index
+    a, b = torch.arange(6, dtype=torch.float32), torch.arange(6, 10, dtype=torch.float32)
+    assert fingerprint.integrity_digest([a, b]) != fingerprint.integrity_digest([torch.cat([a, b])])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.checkpoint import Checkpoint
-from skyfed.fingerprint import weights_digest
+from skyfed.fingerprint import integrity_digest, weights_digest
 
 
 def _ckpt(round_: int, residual: bool = True) -> Checkpoint:
@@ -114,3 +115,45 @@ def test_a_file_whose_footer_names_another_round_is_skipped(tmp_path: Path):
     checkpoint.save(tmp_path, _ckpt(2))
     loaded = checkpoint.load(tmp_path)
     assert loaded is not None and loaded.round == 2
+
+
+def _footer(path: Path) -> tuple[bytes, dict]:
+    """The file's bytes before its footer, and the footer."""
+    data = path.read_bytes()
+    trailer = data[-checkpoint.TRAILER_BYTES :]
+    length = int.from_bytes(trailer[:8], "little")
+    start = len(data) - checkpoint.TRAILER_BYTES - length
+    return data[:start], json.loads(data[start : start + length])
+
+
+def _with_footer(path: Path, body: bytes, footer: dict) -> None:
+    text = json.dumps(footer).encode()
+    path.write_bytes(body + text + len(text).to_bytes(8, "little") + checkpoint.MAGIC)
+
+
+def test_a_residual_byte_damaged_fails_its_integrity_digest(tmp_path: Path):
+    path = checkpoint.save(tmp_path, _ckpt(3))
+    body, footer = _footer(path)
+    assert footer["format"] == 3
+    assert footer["digests"]["residual"] == integrity_digest(_ckpt(3).downlink_residual)
+    assert footer["digests"]["weights"] == weights_digest(_ckpt(3).weights)
+    first = footer["sections"]["residual"][0]["offset"]
+    damaged = bytearray(body)
+    damaged[first + 5] ^= 0x10
+    _with_footer(path, bytes(damaged), footer)
+    with pytest.raises(ValueError, match="residual do not match"):
+        checkpoint.read(path)
+
+
+def test_a_format_2_checkpoint_with_sha256_everywhere_still_loads(tmp_path: Path):
+    path = checkpoint.save(tmp_path, _ckpt(5))
+    body, footer = _footer(path)
+    footer["format"] = 2
+    footer["digests"]["residual"] = weights_digest(_ckpt(5).downlink_residual)
+    _with_footer(path, body, footer)
+    loaded = checkpoint.load(tmp_path)
+    assert loaded is not None and _same(loaded, _ckpt(5))
+    footer["digests"]["residual"] = integrity_digest(_ckpt(5).downlink_residual)
+    _with_footer(path, body, footer)  # format 2 never held the integrity digest
+    with pytest.raises(ValueError, match="residual do not match"):
+        checkpoint.read(path)
