@@ -7,7 +7,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -29,7 +28,6 @@ from skyfed.wire import (
     ContributionEnd,
     CoordinatorMessage,
     Hello,
-    Payload,
     Receipt,
     RoundEnd,
     WeightsEnd,
@@ -95,10 +93,6 @@ class Agent:
         # exchange, phase by phase"): the weights hash while the next local steps run, and
         # the check is made before anything leaves or changes from them.
         self._unverified: RoundEnd | None = None
-        # With overlap on a solo site: the thread encoding and sending the last
-        # contribution beside the next local steps, and what it raised.
-        self._sender: threading.Thread | None = None
-        self._sender_error: BaseException | None = None
 
     @property
     def connected(self) -> bool:
@@ -161,7 +155,6 @@ class Agent:
         finally:
             link.close()
             channel.close()
-            self._join_sender(reraise=False)  # its sends fail on the closed link, if any are left
             self._forget_unacked()
 
     def _forget_unacked(self) -> None:
@@ -271,7 +264,6 @@ class Agent:
         target = self.last_round + 1 + int(in_flight)
         budget = self.config.rounds
         if budget and self.applied + in_flight >= budget:
-            self._join_sender()
             while True:  # every round of our budget is contributed: the last aggregate ends it
                 self._pump(link, timeout=1.0)
         trained_from = self.last_round
@@ -283,9 +275,6 @@ class Agent:
         self._verify(trained_from)
         if self.last_round >= target:  # the round closed without us: keep the work
             self.site.keep()
-        elif self.site.encodes_beside_steps:
-            self._contribute_beside_steps(link, target, result)
-            self._pending = target
         else:
             self._contribute(link, target, result)
             self._pending = target
@@ -318,57 +307,17 @@ class Agent:
             worker.join()
         if "error" in box:
             raise box["error"]  # type: ignore[misc]
-        self._join_sender()  # a receipt or a round's end may concern what it sent
         for message in deferred:
             self._handle(message)
         result = box["result"]
         assert isinstance(result, LocalResult)
         return result
 
-    def _contribute_beside_steps(self, link: Link, round: int, result: LocalResult) -> None:
-        """:meth:`_contribute` on a thread, so that the next local steps start now instead
-        of after the encode (docs/wan.md#overlap): the delta is taken here, before they
-        begin, and the thread is joined before anything that changes the model or the
-        uplink (a round's end, a receipt) is handled."""
-        self._unacked.add(round)
-        payloads = self.site.stream_contribution(round, self.codec)
-
-        def send() -> None:
-            try:
-                self._send_contribution(link, round, result, lambda: payloads)
-            except BaseException as exc:  # re-raised on the main thread when joined
-                self._sender_error = exc
-
-        self._sender = threading.Thread(target=send, name="contribution", daemon=True)
-        self._sender.start()
-
-    def _join_sender(self, *, reraise: bool = True) -> None:
-        sender, self._sender = self._sender, None
-        if sender is None:
-            return
-        sender.join()
-        error, self._sender_error = self._sender_error, None
-        if error is not None and reraise:
-            raise error
-
     def _contribute(self, link: Link, round: int, result: LocalResult) -> None:
         """Announce, then stream: each payload's chunks are queued as soon as it is
         encoded, and the count comes last in a ``ContributionEnd`` (docs/scale.md,
         Streams)."""
         self._unacked.add(round)
-        codec = self.codec
-        # Every rank's shards, after the announce (its clock starts the link's exchange).
-        self._send_contribution(
-            link, round, result, lambda: self.site.stream_contribution(round, codec)
-        )
-
-    def _send_contribution(
-        self,
-        link: Link,
-        round: int,
-        result: LocalResult,
-        payloads_of: Callable[[], Iterator[Payload]],
-    ) -> None:
         link.send(
             Announce(
                 round=round,
@@ -379,7 +328,7 @@ class Agent:
                 raw_bytes=raw_bytes(self.spec),
             )
         )
-        payloads = payloads_of()
+        payloads = self.site.stream_contribution(round, self.codec)  # every rank's shards
         encoding_s, sent = 0.0, 0
         while True:
             started = time.monotonic()

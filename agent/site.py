@@ -106,25 +106,13 @@ class Site:
         The caller exhausts it."""
         if self.group.world > 1:  # the ranks' payloads meet in one gather
             return iter(self.contribution(round, codec))
-        # The delta is taken now, not at the first payload: the next local steps may begin
-        # while these payloads are still being encoded (encodes_beside_steps).
-        return self._stream(round, self.codec(round, codec), self._take_delta())
+        return self._stream(round, codec)
 
-    def _stream(
-        self, round: int, built: Codec, delta: list[torch.Tensor | None]
-    ) -> Iterator[Payload]:
-        yield from self.uplink.stream(round, built, delta)
+    def _stream(self, round: int, codec: str) -> Iterator[Payload]:
+        built = self.codec(round, codec)
+        yield from self.uplink.stream(round, built, self._take_delta())
         if self.trainer.momentum is not None:  # only gradient exchange needs it decoded
             self.trainer.sent(self.uplink.sent(round), built)
-
-    @property
-    def encodes_beside_steps(self) -> bool:
-        """A contribution's payloads can be encoded while the next local steps run: one
-        rank (no collective of the two to interleave), and pseudo-gradients (a gradient
-        exchange's velocity, which the steps read, is masked by what was sent). The
-        encode reads only the delta it took and the uplink's residuals, which the steps
-        never touch."""
-        return self.solo and self.trainer.momentum is None
 
     def keep(self) -> None:
         """The round closed while we trained: keep the delta in the residuals."""
