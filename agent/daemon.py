@@ -89,6 +89,10 @@ class Agent:
         # next round's local steps run, or None.
         self.overlap = False
         self._pending: int | None = None
+        # The last round's end whose digest check still waits (docs/wan.md, "Top-k's
+        # exchange, phase by phase"): the weights hash while the next local steps run, and
+        # the check is made before anything leaves or changes from them.
+        self._unverified: RoundEnd | None = None
 
     @property
     def connected(self) -> bool:
@@ -131,8 +135,11 @@ class Agent:
     def _session(self) -> None:
         self._connected = False
         # An aggregate half received on the last session never ends: the coordinator
-        # (restarted, or another session) sends the round again from its first chunk.
+        # (restarted, or another session) sends the round again from its first chunk. A
+        # check still due is the join's now: the hello carries the weights' digest, and
+        # the coordinator sends its weights where they differ.
         self._agg, self._agg_datas = None, {}
+        self._unverified = None
         channel = open_channel(self.config)
         link = Link(
             channel,
@@ -238,6 +245,7 @@ class Agent:
         phase(target, "train_end")
         self.last_loss = result.loss
         self._pump(link, timeout=0)
+        self._verify(trained_from=target - 1)
         if self.last_round >= target:  # the round closed while we trained: keep the work
             self.site.keep()
         else:
@@ -258,11 +266,13 @@ class Agent:
         if budget and self.applied + in_flight >= budget:
             while True:  # every round of our budget is contributed: the last aggregate ends it
                 self._pump(link, timeout=1.0)
+        trained_from = self.last_round
         result = self._train_while_pumping(link)
         self.last_loss = result.loss
         while self.last_round < target - 1:  # the previous round's aggregate, applied
             self._pump(link, timeout=1.0)
         self._pump(link, timeout=0)
+        self._verify(trained_from)
         if self.last_round >= target:  # the round closed without us: keep the work
             self.site.keep()
         else:
@@ -364,12 +374,26 @@ class Agent:
     def _aggregate_chunk(self, chunk: Chunk) -> None:
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
+            if self.site.applying:  # a partly applied aggregate that will never end
+                raise Resync(f"an aggregate cut short by round {chunk.round}'s")
             phase(chunk.round, "aggregate_begin")
             self._agg = self._assembler(ChunkKind.AGGREGATE, chunk.round)
             self._agg_datas = {}
         payload = self._agg.add(chunk)
-        if payload is not None:  # kept encoded: decoded into the weights at the round's end
+        if payload is None:
+            return
+        if self.overlap or not self.site.solo:  # decoded into the weights at the round's end
             self._agg_datas[payload.tensor] = payload.data
+            return
+        # Without overlap nothing else reads the weights until the round ends, so each
+        # payload is decoded into them as it arrives, beside the rest of the broadcast
+        # (docs/wan.md, "Top-k's exchange, phase by phase").
+        self._verify()  # the last round's check first: the weights change now
+        try:
+            self.site.apply_payload(chunk.round, payload.tensor, payload.data)
+        except PayloadError as exc:
+            raise Resync(f"undecodable aggregate of round {chunk.round}: {exc}") from exc
+        self._agg_datas[payload.tensor] = b""  # applied: only its arrival is kept
 
     def _round_end(self, end: RoundEnd) -> None:
         agg, datas = self._agg, self._agg_datas
@@ -378,24 +402,47 @@ class Agent:
         if len(datas) != len(self.spec):
             raise Resync(f"aggregate of round {end.round} misses tensors")
         phase(end.round, "round_end")
+        self._verify()  # the last round's check first: the weights change now
         try:  # a payload that does not decode leaves us to resync
-            self.site.apply(end.round, [datas[i] for i in range(len(datas))])
+            if self.site.applying:  # decoded as they came (_aggregate_chunk)
+                self.site.finish_apply(end.round)
+            else:
+                self.site.apply(end.round, [datas[i] for i in range(len(datas))])
         except PayloadError as exc:
             raise Resync(f"undecodable aggregate of round {end.round}: {exc}") from exc
         self._agg, self._agg_datas = None, {}
         phase(end.round, "applied")
-        digest = self.site.digest()
-        phase(end.round, "digested")
-        if digest != end.weights_digest:
-            raise Resync(f"after round {end.round} our weights differ from the coordinator's")
         self.last_round, self.applied = end.round, self.applied + 1
         spec = wire_spec(end.codec, end.codec_params)
         if spec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
             self.codec = self._checked_codec(end.round + 1, spec)
-        self._write_report(digest)
-        if end.final or (self.config.rounds and self.applied >= self.config.rounds):
+        self._unverified = end
+        last = end.final or (self.config.rounds and self.applied >= self.config.rounds)
+        if last or not self.site.solo:  # the last weights, or a digest that is a collective
+            self._verify()
+        if last:
             raise Finished
+
+    def _verify(self, trained_from: int | None = None) -> None:
+        """The digest check of the last round's end, if still due: our weights must be the
+        coordinator's before any contribution or kept delta leaves from them (local steps
+        from the weights after round ``trained_from``; with overlap the check of a later
+        round waits for the steps that start from it), and before they change again. The
+        weights have not changed since that end (local steps put them back), and on a solo
+        CPU site their digest was begun as the aggregate was applied and finished during
+        the first local step, so this rarely waits. A mismatch raises ``Resync``: the
+        local result is dropped, nothing is sent."""
+        end = self._unverified
+        if end is None or (trained_from is not None and end.round > trained_from):
+            return
+        self._unverified = None
+        started = time.monotonic()
+        digest = self.site.digest()
+        phase(end.round, "digested", wait_s=time.monotonic() - started)
+        if digest != end.weights_digest:
+            raise Resync(f"after round {end.round} our weights differ from the coordinator's")
+        self._write_report(digest)
 
     def _receipt(self, receipt: Receipt) -> None:
         phase(receipt.round, "receipt")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from skyfed import failpoints
 from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.agent.uplink import Uplink
 from skyfed.compression import Codec, decode_payload, rounding_seed
@@ -129,6 +130,34 @@ class Site:
         decode (checked on rank 0 first when there are other ranks)."""
         self._lead(self._apply, round, self._checked(datas))
 
+    @property
+    def solo(self) -> bool:
+        """One rank: steps need no broadcast, and an aggregate can be applied payload by
+        payload as it arrives (:meth:`apply_payload`)."""
+        return self.group.world == 1
+
+    def apply_payload(self, round: int, tensor: int, data: bytes) -> None:
+        """Decode one payload of ``round``'s aggregate into the weights now, on a solo site
+        (the first begins the apply; :meth:`finish_apply` ends it once every tensor is in):
+        on a WAN the apply then runs while the rest of the broadcast is still in flight
+        (docs/wan.md). ``PayloadError`` leaves the weights partly updated: a resync."""
+        if not self.solo:
+            raise RuntimeError("payload-by-payload apply is for a site of one rank")
+        if not self.trainer.applying:
+            self.trainer.start_apply()
+        self.trainer.apply_payload(tensor, data)
+
+    def finish_apply(self, round: int) -> None:
+        """Every payload of ``round``'s aggregate applied by :meth:`apply_payload`."""
+        self.trainer.finish_apply()
+        self._drift(round)
+
+    @property
+    def applying(self) -> bool:
+        """An aggregate partly applied (:meth:`apply_payload`): the weights are neither
+        the last round's nor this one's until :meth:`finish_apply`."""
+        return self.trainer.applying
+
     def load(self, datas: list[bytes]) -> None:
         """Replace the weights by the coordinator's (a resync); ``PayloadError`` as apply."""
         self._lead(self._load, self._checked(datas))
@@ -208,6 +237,16 @@ class Site:
 
     def _apply(self, round: int, datas: list[bytes]) -> None:
         self.trainer.apply_encoded(datas)
+        self._drift(round)
+
+    def _drift(self, round: int) -> None:
+        """A test's fault (``SKYFED_FAILPOINT=drift@<round>``, skyfed/failpoints.py): the
+        weights move off the coordinator's after this round's aggregate, as a bad decode
+        or a bit flip would; the daemon's digest check must catch it."""
+        if failpoints.corrupts("drift", round):
+            nudge = [torch.zeros(info.shape) for info in self.spec]
+            nudge[0].view(-1)[0] = 1e-3
+            self.trainer.apply(nudge)
 
     def _load(self, datas: list[bytes]) -> None:
         self.trainer.load_encoded(datas)

@@ -89,14 +89,24 @@ class LocalTrainer:
         # task's optimizer.
         self.momentum: MomentumCorrection | None = None
         self._decode_buffer = torch.empty(0)
-        # The weights' digest begun by apply_encoded, valid until the weights next change.
+        # The weights' digest begun by an apply (on the digest pool), and the digest once
+        # known: both valid until the weights next change (every method that changes them
+        # clears them; ``train`` puts the weights back, so it keeps what it finished).
         self._digest: DigestStream | None = None
+        self._known: str | None = None
+        # An aggregate being applied one payload at a time (start_apply .. finish_apply).
+        self._applying: _Applying | None = None
 
     def train(self) -> LocalResult:
-        self._digest = None
-        if self.momentum is not None:
+        if self.momentum is not None:  # the weights do not move: a digest begun stays valid
             return self._gradient_step(self.momentum)
         started = time.perf_counter()
+        # The digest an apply began hashes the weights in place while the first step's
+        # forward and backward run (they read the weights, never write them); it must end
+        # before the first optimizer step. The weights are back to these at the end, so
+        # the daemon's check of the last aggregate can wait until now (docs/wan.md).
+        begun, known = self._digest, self._known
+        self._digest = self._known = None
         start = [local_tensor(p).detach().clone() for p in self.params]
         losses = []
         self.model.train()
@@ -104,6 +114,8 @@ class LocalTrainer:
             loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if begun is not None:
+                known, begun = begun.hexdigest(), None
             self.optimizer.step()
             losses.append(float(loss.detach()))
             self.local_step = step
@@ -113,6 +125,7 @@ class LocalTrainer:
                 for s, p, owned in zip(start, self.params, self.owned, strict=True)
             ]
         del start
+        self._known = begun.hexdigest() if begun is not None else known
         # The exchange that follows holds no gradients (their memory became the deltas).
         self.optimizer.zero_grad(set_to_none=True)
         samples = self.local_steps * self.task.batch_size()
@@ -152,10 +165,15 @@ class LocalTrainer:
         if self.momentum is not None:
             self.momentum.mask(sent, codec)
 
+    def _changing(self) -> None:
+        """The weights are about to change: no digest of them holds any more."""
+        self._digest = self._known = None
+        self._applying = None
+
     @torch.no_grad()
     def apply(self, update: list[torch.Tensor]) -> None:
         """``w -= update`` on this rank's slices: the float32 operation the coordinator does."""
-        self._digest = None
+        self._changing()
         for p, u, shard in zip(self.params, update, self.shards, strict=True):
             local_tensor(p).sub_(narrow(u, shard).to(self.device))
 
@@ -167,24 +185,57 @@ class LocalTrainer:
         A payload that does not decode raises ``PayloadError`` with the weights partly
         updated: the caller resyncs them from the coordinator.
         """
+        self.start_apply()
+        for i, data in enumerate(datas):
+            self.apply_payload(i, data)
+        self.finish_apply()
+
+    def start_apply(self) -> None:
+        """Begin :meth:`apply_encoded` one payload at a time, as each arrives
+        (:meth:`apply_payload`, in any order), ended by :meth:`finish_apply`."""
+        self._changing()
         solo = all(s is None for s in self.shards) and self.device.type == "cpu"
-        digest = DigestStream() if solo else None
-        self._digest = None
-        for p, data, shard, info in zip(self.params, datas, self.shards, self.spec, strict=True):
-            local = local_tensor(p)
-            if shard is None and local.device.type == "cpu":
-                decode_add_payload(data, local, -1.0)
-            else:  # a rank's slice of a logical payload, or a GPU: decode once on the CPU
-                full = decode_payload(data, out=self._scratch(info))
-                local.sub_(narrow(full, shard).to(self.device))
-            if digest is not None:  # hashed on the pool while the next tensor decodes
-                digest.add(p.detach())
-        self._digest = digest
+        self._applying = _Applying(DigestStream() if solo else None, [False] * len(self.params))
+
+    @torch.no_grad()
+    def apply_payload(self, i: int, data: bytes) -> None:
+        """``w[i] -= D(data)``, decoded into this rank's slice; ``PayloadError`` as
+        :meth:`apply_encoded`. Tensors hash on the pool in order, as soon as every one
+        before them is applied."""
+        applying = self._applying
+        if applying is None or applying.done[i]:
+            raise RuntimeError(f"tensor {i} applied outside start_apply() or twice")
+        p, shard, info = self.params[i], self.shards[i], self.spec[i]
+        local = local_tensor(p)
+        if shard is None and local.device.type == "cpu":
+            decode_add_payload(data, local, -1.0)
+        else:  # a rank's slice of a logical payload, or a GPU: decode once on the CPU
+            full = decode_payload(data, out=self._scratch(info))
+            local.sub_(narrow(full, shard).to(self.device))
+        applying.done[i] = True
+        while applying.hashed < len(applying.done) and applying.done[applying.hashed]:
+            if applying.digest is not None:  # hashed on the pool while the next one decodes
+                applying.digest.add(self.params[applying.hashed].detach())
+            applying.hashed += 1
+
+    def finish_apply(self) -> None:
+        """Every tensor applied: the digest begun as they were is the weights'."""
+        applying = self._applying
+        if applying is None or applying.hashed != len(applying.done):
+            raise RuntimeError("finish_apply() before every tensor was applied")
+        self._applying = None
+        self._digest = applying.digest
+
+    @property
+    def applying(self) -> bool:
+        """Between :meth:`start_apply` and :meth:`finish_apply`: the weights are partly
+        updated."""
+        return self._applying is not None
 
     @torch.no_grad()
     def load_encoded(self, datas: Sequence[bytes]) -> None:
         """Replace the weights by the coordinator's payloads, decoded into place."""
-        self._digest = None
+        self._changing()
         for p, data, shard, info in zip(self.params, datas, self.shards, self.spec, strict=True):
             local = local_tensor(p)
             if shard is None and local.device.type == "cpu" and local.is_contiguous():
@@ -201,7 +252,7 @@ class LocalTrainer:
     @torch.no_grad()
     def load(self, weights: list[torch.Tensor]) -> None:
         """Replace the weights by logical tensors (each rank copies its slices)."""
-        self._digest = None
+        self._changing()
         for p, w, shard in zip(self.params, weights, self.shards, strict=True):
             local_tensor(p).copy_(narrow(w, shard))
 
@@ -209,16 +260,30 @@ class LocalTrainer:
     def digest(self) -> str:
         """sha256 of the full logical weights. Sharded tensors are all-gathered one at a
         time (weights, never gradients); only rank 0 hashes, the others return "".
-        Right after :meth:`apply_encoded` on one CPU rank, the digest it started as it
-        went (the weights have not changed since: every other method clears it)."""
-        if self._digest is not None:
-            return self._digest.hexdigest()
+        After :meth:`apply_encoded` on one CPU rank, the digest it started as it went, as
+        long as the weights have not changed since (every method that changes them
+        clears it; :meth:`train` puts them back)."""
+        if self._known is None and self._digest is not None:
+            self._known = self._digest.hexdigest()
+        self._digest = None
+        if self._known is not None:
+            return self._known
         fulls = (full_tensor(p.detach()) for p in self.params)
         if self.rank == 0:
             return weights_digest(fulls)
         for _ in fulls:
             pass
         return ""
+
+
+@dataclass(slots=True)
+class _Applying:
+    """An aggregate being applied payload by payload: which tensors are done, and the
+    digest of the first ``hashed`` of them (None where the trainer cannot hash locally)."""
+
+    digest: DigestStream | None
+    done: list[bool]
+    hashed: int = 0
 
 
 def _restore(param: torch.Tensor, start: torch.Tensor, owned: bool) -> torch.Tensor | None:

@@ -80,7 +80,7 @@ SEGMENTS = (
 DETAIL = (
     "close -> first aggregate chunk at an agent",
     "agent: round end -> applied (decode into weights)",
-    "agent: digest",
+    "agent: digest (its wait)",
     "agent: encode_s (the codec)",
     "coordinator: mean + outer step",
     "coordinator: downlink encode + apply to weights",
@@ -140,9 +140,7 @@ def breakdown(logs: dict[str, str], agents: Iterable[str]) -> Breakdown:
         seg[DETAIL[1]].append(
             statistics.median(a[(r, "applied")] - a[(r, "round_end")] for a in agents_)
         )
-        seg[DETAIL[2]].append(
-            statistics.median(a[(r, "digested")] - a[(r, "applied")] for a in agents_)
-        )
+        seg[DETAIL[2]].append(statistics.median(_digest_wait(logs, a, r) for a in marks))
         encodes = [read(logs[a]).figures[(r, "sent")].get("encode_s", "nan") for a in marks]
         seg[DETAIL[3]].append(statistics.median(float(e) for e in encodes))
         closing = coord.figures[(r, "encoded")]
@@ -157,6 +155,15 @@ def breakdown(logs: dict[str, str], agents: Iterable[str]) -> Breakdown:
         out.rounds.append(r)
         out.critical.append(crit)
     return out
+
+
+def _digest_wait(logs: dict[str, str], agent: str, r: int) -> float:
+    """How long ``agent`` waited for its weights' digest after round ``r``'s aggregate:
+    the figure its check logs (the check may come after the next local steps), or, from
+    an agent that checks at once, applied to digested."""
+    m = read(logs[agent])
+    wait = m.figures[(r, "digested")].get("wait_s")
+    return float(wait) if wait is not None else m.at[(r, "digested")] - m.at[(r, "applied")]
 
 
 def table(b: Breakdown, title: str) -> list[str]:

@@ -1,5 +1,6 @@
 """Named points where a test can have this process killed, to prove a crash there loses
-nothing (``tests/e2e/test_coordinator_kill_phases.py``).
+nothing (``tests/e2e/test_coordinator_kill_phases.py``), or corrupt what it holds, to
+prove the check after it catches that (``tests/e2e/test_digest_mismatch.py``).
 
 ``SKYFED_FAILPOINT=<name>@<round>`` in the environment makes :func:`reached` SIGKILL the
 process the first time the point is reached in that round: a real, uncatchable kill at
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 ENV = "SKYFED_FAILPOINT"
 POINTS = ("upload", "mean", "downlink", "checkpoint", "broadcast")
 """The phases of a round a coordinator can be killed in, in round order."""
+CORRUPTIONS = ("drift",)
+"""What an agent can be made to corrupt: ``drift``, its weights after a round's aggregate."""
 
 
 def reached(name: str, round_: int, settle_s: float = 0.0) -> None:
@@ -30,3 +33,13 @@ def reached(name: str, round_: int, settle_s: float = 0.0) -> None:
         time.sleep(settle_s)
         logging.shutdown()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def corrupts(name: str, round_: int) -> bool:
+    """True if the environment names this corruption and round: the caller then corrupts
+    what it holds there, once (the point's round passes)."""
+    wanted = os.environ.get(ENV)
+    if wanted is None or wanted != f"{name}@{round_}":
+        return False
+    log.warning("[Failpoint] %s@%d reached: corrupting", name, round_)
+    return True

@@ -37,7 +37,13 @@ def start_coordinator(
 
 
 def start_agent(
-    kids: Children, work: Path, port: int, cloud: str, shard: int, local_steps: int = 1
+    kids: Children,
+    work: Path,
+    port: int,
+    cloud: str,
+    shard: int,
+    local_steps: int = 1,
+    env: dict[str, str] | None = None,
 ) -> None:
     flags = {
         "--cloud": cloud,
@@ -48,7 +54,8 @@ def start_agent(
         "--local-steps": local_steps,
         "--report": work / f"{cloud}.json",
     }
-    kids.start(cloud, command("agent", "start", *(str(x) for kv in flags.items() for x in kv)))
+    argv = command("agent", "start", *(str(x) for kv in flags.items() for x in kv))
+    kids.start(cloud, argv, env=env)
 
 
 def report(work: Path, cloud: str) -> dict:
