@@ -54,6 +54,10 @@ class Federation:
         self.sessions: dict[str, Session] = {}
         self.revoked: dict[str, Session] = {}
         """Sessions ended by revocation, kept for status (state ``revoked``)."""
+        self.closed_with: list[Session] = []
+        """The sessions the last round closed with: the observer records that round's links
+        from them even when an agent left before it looked (an agent that has applied the
+        final round closes its stream at once, often before the observer's thread runs)."""
         self.cond = threading.Condition()
         self.started_at = time.monotonic()
         self.finished = False
@@ -115,10 +119,12 @@ class Federation:
     def stop(self) -> None:
         self.rounds.stop()
 
-    def status(self, windows: bool = False) -> Status:
-        """Who is connected and how, the recent rounds; ``windows`` adds raw link samples."""
+    def status(self, windows: bool = False, departed: bool = False) -> Status:
+        """Who is connected and how, the recent rounds; ``windows`` adds raw link samples,
+        ``departed`` the members the last round closed with that have left since (state
+        ``disconnected``, their figures as they left)."""
         with self.cond:
-            return build_status(self, windows)
+            return build_status(self, windows, departed)
 
     def write_status(self) -> None:
         """Status as JSON, atomically, for operators' scripts and the demo's summary."""

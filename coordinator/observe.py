@@ -65,7 +65,7 @@ class Observer:
 
     def snapshot(self) -> dict[str, Any]:
         """The status as plain data, plus the task's name (``skyfed.metrics.coordinator``)."""
-        snap = to_data(self.federation.status())
+        snap = to_data(self.federation.status(departed=True))
         snap["task"] = self.config.task
         return snap
 

@@ -164,6 +164,7 @@ class Rounds:
         fed.aggregate = RoundAggregate(fed.spec)
         fed.contributed = set()
         fed.round_open = False
+        fed.closed_with = sessions
         fed.round_closed.set()  # the observer's cue (coordinator/observe.py)
         if not final:
             self.maybe_open()

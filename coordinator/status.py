@@ -99,13 +99,20 @@ class Status:
     is -1)."""
 
 
-def build_status(fed: Federation, windows: bool = False) -> Status:
-    """A snapshot of ``fed``; the caller holds its lock. ``windows`` adds raw link samples."""
+def build_status(fed: Federation, windows: bool = False, departed: bool = False) -> Status:
+    """A snapshot of ``fed``; the caller holds its lock. ``windows`` adds raw link samples,
+    ``departed`` the last round's members that have left since (``Federation.status``)."""
     now = time.monotonic()
+    gone = [
+        s
+        for s in (fed.closed_with if departed else ())
+        if s.key not in fed.sessions and s.key not in fed.revoked
+    ]
     return Status(
         round=fed.round,
         agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()]
-        + [_agent(fed, s, now, False) for k, s in fed.revoked.items() if k not in fed.sessions],
+        + [_agent(fed, s, now, False) for k, s in fed.revoked.items() if k not in fed.sessions]
+        + [_agent(fed, s, now, False) for s in gone],
         weights_digest=fed.weights_digest,
         uptime_s=now - fed.started_at,
         rounds=[replace(r, links=list(r.links)) for r in fed.history],

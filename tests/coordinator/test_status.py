@@ -8,7 +8,7 @@ import time
 from skyfed.coordinator.admin import fetch_status
 from skyfed.proto import federation_pb2 as pb
 
-from .test_bad_input import join
+from .test_bad_input import contribution, deltas, join, send
 
 
 def test_status_lists_agents_and_raw_link_windows_on_request(serve, raw_agent, pki):
@@ -50,3 +50,28 @@ def test_the_agents_table_shows_each_links_n_and_its_changes_of_n(serve, raw_age
     console.print(agents_table(snap))
     text = console.export_text()
     assert "16/2" in text and "N: TCP connections/changes of N" in text
+
+
+def test_a_member_that_left_after_the_round_closed_is_still_in_the_observers_status(
+    serve, raw_agent
+):
+    """An agent that has applied the final round closes its stream at once, often before
+    the observer's thread runs: the run history's line for that round must still name its
+    link (as ``disconnected``, with its figures as it left), and plain status must not."""
+    running = serve(min_agents=2, probe_port=-1)
+    stays, leaves = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(stays, "aws", "aws-1"), join(leaves, "gcp", "gcp-1")
+    send(stays, *contribution(deltas(1)))
+    send(leaves, *contribution(deltas(2)))
+    assert leaves.expect("receipt").receipt.accepted
+    assert leaves.expect("round_end").round_end.round == 0
+    leaves.close()
+    fed = running.federation
+    deadline = time.monotonic() + 10
+    while "gcp-1" in {a.name for a in fed.status().agents}:
+        assert time.monotonic() < deadline, "the closed stream never left"
+        time.sleep(0.05)
+    observed = {a.name: a for a in fed.status(departed=True).agents}
+    assert set(observed) == {"aws-1", "gcp-1"}
+    assert observed["gcp-1"].state == "disconnected"
+    assert observed["gcp-1"].bytes_up > 0 and observed["gcp-1"].last_round == 0
