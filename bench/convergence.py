@@ -406,6 +406,15 @@ def main() -> None:
         default="",
         help="--to-target: added to every task's spec, e.g. \"lr=1e-3\" (the inner AdamW's)",
     )
+    parser.add_argument(
+        "--reference-order",
+        choices=("same", "other"),
+        default="same",
+        help="--to-target: 'other' adds the row per-step FP32 data-parallel, the same initial "
+        "weights, the sites' batches drawn in another order (seed + 1000), read against each "
+        "seed's targets as the configurations are: how often data-parallel reaches its own "
+        "target (default 'same': no row)",
+    )
     args = parser.parse_args()
     if args.to_target or args.quick:
         to_target(parser, args)
@@ -468,7 +477,11 @@ def to_target(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
     except ValueError as e:
         parser.error(f"--configs: {e}")
     sizes = targets.QUICK if args.quick else targets.FULL
-    changes: dict[str, object] = {"configs": configs, "task_options": args.task_options}
+    changes: dict[str, object] = {
+        "configs": configs,
+        "task_options": args.task_options,
+        "other_order": args.reference_order == "other",
+    }
     steps: dict[str, int] = {}
     try:
         for part in filter(None, (args.rounds or "").split(",")):

@@ -15,7 +15,9 @@ target: the point target, one evaluation at S; the smoothed target, the mean of 
 evaluations at S - 5e ... S + 5e (e = 2 % of S), which estimates the same curve at S
 without the one draw's noise; and the banded target, the smoothed one plus that mean's
 standard error (a seed reached within the target's own noise). Each has its table; the
-per-seed table after them gives the targets and each configuration's steps to each. Every configuration (local steps, outer optimizer, codec) then runs the
+per-seed table after them gives the targets and each configuration's steps to each, and
+a line counts the seeds on which each configuration reaches the point target within the
+cap at >= 1000x. Every configuration (local steps, outer optimizer, codec) then runs the
 federation's round (``convergence.Exchange``: each site's codec with its own error
 feedback, the mean, the coordinator's :class:`~skyfed.coordinator.outer.OuterOptimizer`,
 the downlink's codec with the coordinator's error feedback) until its held-out loss
@@ -31,6 +33,13 @@ with the largest ratio (the smaller over both tasks) among those that reached th
 on every seed of every task within 1.5x the steps; if none did, the largest ratio at any
 step count, with its step multiple. The last line is the smoothed target's; the two
 before it the point and the banded targets'.
+
+``--reference-order other`` adds a calibration row, not a configuration: the reference's
+own training (per-step FP32 data-parallel, the same initial weights) with every site's
+batches drawn in another order (seed + :data:`ORDER_OFFSET`), read by the same rule as the
+configurations. It says how often the target is within reach of data-parallel training
+itself when only the data order changes (on digits, about 5 seeds in 6), which bounds what
+"every seed" can ask of any configuration (docs/outer-optimizer.md).
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ from skyfed.coordinator.outer import OUTER_OPTIMIZERS, OuterOptimizer, OuterSett
 from skyfed.tasks import load_task
 
 STEP_GOAL = 1.5  # the issue's bound: at most this many times the reference's steps
+RATIO_GOAL = 1000  # the issue's goal: at least this many times fewer bytes than the reference
+ORDER_OFFSET = 1000  # --reference-order other: the sites' batches are drawn from seed + this
 # The tasks, sized so the full grid runs in ~20 minutes on 2 cores (docs/outer-optimizer.md).
 TASKS = {
     "chargpt": "chargpt?d_model=32&block=32&batch=8&eval_batches=10",
@@ -80,6 +91,9 @@ LOCAL_STEPS = (1, 4, 16, 64)
 Config = tuple[int, str, str] | tuple[int, str, str, float]
 _CODEC_LABEL = re.compile(r"topk (\d+(?:\.\d+)?)% (int8|[234]-bit)|ecsgd ([124])-bit(?: b(\d+))?")
 _CONFIG_LABEL = re.compile(r"H=(\d+)(?:,lr=([0-9.eE+-]+))? (\S+) (.+)")
+# The calibration row's key among the configurations (--reference-order other): one step a
+# "round", FP32 both ways; it runs :func:`reference_other_order`, not :func:`reach`.
+OTHER_ORDER: Config = (1, "data-parallel", "fp32")
 
 
 def codec_factory(label: str) -> Callable[[], Codec]:
@@ -150,17 +164,20 @@ class Sizes:
     codecs: tuple[str, ...] = tuple(CODECS)
     configs: tuple[Config, ...] = ()  # when given, these instead of the grid above
     task_options: str = ""  # appended to every task's spec ("lr=1e-3": the inner AdamW's)
+    # Add the calibration row (--reference-order other): the reference's training with the
+    # sites' batches from seed + ORDER_OFFSET, the same initial weights.
+    other_order: bool = False
 
     def grid(self) -> list[Config]:
-        """Every configuration this run measures, in the table's order."""
-        if self.configs:
-            return list(self.configs)
-        return [
+        """Every row this run measures, in the table's order: the configurations, then
+        the calibration row when :attr:`other_order` is set."""
+        configs = list(self.configs) or [
             (h, outer, codec)
             for h in self.local_steps
             for outer in self.outers
             for codec in self.codecs
         ]
+        return configs + [OTHER_ORDER] * self.other_order
 
     def task(self, key: str, inner_lr: float | None = None) -> str:
         """The task's spec, with :attr:`task_options` added to its own, and ``lr=`` (its inner
@@ -249,6 +266,36 @@ def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
 Trajectory = list[Reached]  # every evaluation of one run, in order (``reached`` unset)
 
 
+def reference_other_order(
+    task_key: str, seed: int, sizes: Sizes, config: Config, target: float
+) -> Trajectory:
+    """The calibration row: :func:`reference`'s training, the same initial weights (the
+    model built from ``seed``), with every site's batches drawn from ``seed +
+    ORDER_OFFSET``, evaluated every e steps, at S and at the cap, until the held-out loss is
+    at most ``target``: read by :func:`first` as a configuration's run is. Whether the
+    seed's target is reached here is whether data-parallel training itself reaches it when
+    only the data order changes (``config`` is :data:`OTHER_ORDER`, for :func:`run`)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    task = load_task(sizes.task(task_key))
+    model = task.build_model(seed)  # the reference's initial weights
+    sites = [
+        Site(task, model, shard, sizes.sites, seed + ORDER_OFFSET, 0.0)
+        for shard in range(sizes.sites)
+    ]
+    exchange = Exchange(sizes.sites, feedback=True)
+    fp32 = make_codec("fp32")
+    cap = int(sizes.cap * sizes.steps)
+    evaluations: Trajectory = []
+    for step in range(1, cap + 1):
+        exchange.data_parallel_step(fp32, sites)
+        if step % sizes.eval_every == 0 or step in (sizes.steps, cap):
+            evaluations.append(_reached(exchange, step, task.eval_loss(model)))
+            if evaluations[-1].loss <= target:
+                break
+    return evaluations
+
+
 def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float) -> Trajectory:
     """One configuration's rounds until its held-out loss is at most ``target`` (the lower
     of the definitions'), every evaluation on the way: :func:`first` reads off when each
@@ -301,7 +348,7 @@ def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
     """One contribution's bytes per codec of the grid, both ways, and the frames' share:
     what bounds the ratio per round on a model of this many tensors. The delta is a
     site's first round of 16 local steps (seed 0)."""
-    codecs = list(dict.fromkeys(c[2] for c in sizes.grid()))
+    codecs = list(dict.fromkeys(c[2] for c in sizes.grid() if c != OTHER_ORDER))
     for t in tasks:
         torch.manual_seed(0)
         task = load_task(sizes.task(t))
@@ -349,6 +396,8 @@ def _index_bytes(payload: bytes) -> int:
 
 
 def label(config: Config) -> str:
+    if config == OTHER_ORDER:
+        return f"FP32 DP, batches of seed+{ORDER_OFFSET}"
     local_steps, outer, codec = config[:3]
     inner = f",lr={config[3]:g}" if len(config) > 3 else ""
     return f"H={local_steps}{inner} {outer} {codec}"
@@ -402,8 +451,11 @@ def summarize(refs: list[Reference], runs: list[Reached], sizes: Sizes) -> tuple
 
 
 def best(summaries: dict[Config, list[Summary]]) -> str:
-    """The last line: the largest ratio (the worse task's) within the step goal, if any."""
-    everywhere = {c: s for c, s in summaries.items() if all(x.everywhere for x in s)}
+    """The last line: the largest ratio (the worse task's) within the step goal, if any,
+    among the configurations (the calibration row is none)."""
+    everywhere = {
+        c: s for c, s in summaries.items() if c != OTHER_ORDER and all(x.everywhere for x in s)
+    }
     if not everywhere:
         return "best bytes-to-target ratio: none (no configuration reached the target everywhere)"
     within = {c: s for c, s in everywhere.items() if all(x.steps[0] <= STEP_GOAL for x in s)}
@@ -431,7 +483,8 @@ def run(
             for c in configs:
                 for s in sizes.seeds:
                     lowest = min(refs[t, s].result().of(k) for k in TARGETS)
-                    runs[t, c, s] = pool.submit(reach, t, s, sized[t], c, lowest)
+                    train = reference_other_order if c == OTHER_ORDER else reach
+                    runs[t, c, s] = pool.submit(train, t, s, sized[t], c, lowest)
         for t in tasks:
             sizes = sized[t]
             ref = [refs[t, s].result() for s in sizes.seeds]
@@ -466,6 +519,7 @@ def run(
                     summaries[kind][c].append(summary)
                     print(f"{label(c):<{width}}{cells}", flush=True)
             _per_seed(t, sizes, ref, configs, runs, width)
+            print(f"\n{t}, point target: {_seed_counts(t, sizes, ref, configs, runs)}")
     print(f"\n{time.perf_counter() - start:.0f} s; mean ± standard error over seeds")
     for kind in TARGETS:
         for t, i in zip(tasks, range(len(tasks)), strict=True):
@@ -505,3 +559,33 @@ def _per_seed(
                 text += f" ({min(e.loss for e in evaluations):.4f})"
             cells += f"{text:>29}"
         print(f"{label(c):<{width}}{cells}")
+
+
+def reached_at_goal(ref: Reference, evaluations: Trajectory) -> bool:
+    """Whether a run reached the seed's point target within the cap at no fewer than
+    :data:`RATIO_GOAL` times fewer bytes than the reference (the issue's two bounds)."""
+    r = first(evaluations, ref.target)
+    return r.reached and ref.bytes >= RATIO_GOAL * (r.bytes_up + r.bytes_down)
+
+
+def _seed_counts(
+    task: str,
+    sizes: Sizes,
+    ref: list[Reference],
+    configs: list[Config],
+    runs: dict[tuple[str, Config, int], Future[Trajectory]],
+) -> str:
+    """The seeds each configuration reaches within the cap at >= RATIO_GOAL x (the goal's
+    count) and, with the calibration row, the seeds whose point target the other data
+    order reaches within the cap: the counts the two are compared by."""
+    seeds = list(zip(sizes.seeds, ref, strict=True))
+    n = len(seeds)
+    parts = []
+    if OTHER_ORDER in configs:
+        dp = sum(first(runs[task, OTHER_ORDER, s].result(), r.target).reached for s, r in seeds)
+        parts.append(f"{label(OTHER_ORDER)} {dp}/{n}")
+    for c in configs:
+        if c != OTHER_ORDER:
+            goal = sum(reached_at_goal(r, runs[task, c, s].result()) for s, r in seeds)
+            parts.append(f"{label(c)} at >= {RATIO_GOAL}x {goal}/{n}")
+    return f"seeds reached within {sizes.cap:g}x S: " + "; ".join(parts)

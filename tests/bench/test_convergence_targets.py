@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import math
 import re
 import subprocess
 import sys
@@ -115,3 +117,63 @@ def test_payloads_prints_each_codecs_bytes_with_its_framing_and_indices():
     assert fp32[2] == fp32[5] == "0" and fp32[-1] == "1.0x"  # dense: no indices
     assert int(topk[2]) > 0 and int(topk[1]) < int(topk[0])  # indices and frames within
     assert ecsgd[0] == ecsgd[3] and ecsgd[2] == "0"  # the same codec both ways, no indices
+
+
+@pytest.fixture(scope="module")
+def targets():
+    """``bench/targets.py`` as the bench imports it (beside ``convergence.py``)."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        return importlib.import_module("targets")
+    finally:
+        sys.path.remove(str(BENCH.parent))
+
+
+def test_other_order_row_is_the_reference_from_the_same_weights_on_other_batches(
+    targets, monkeypatch
+):
+    sizes = targets.Sizes(steps=8, cap=1.5, sites=2, seeds=(0,))
+    ref = targets.reference("digits", 0, sizes)
+    other = targets.reference_other_order("digits", 0, sizes, targets.OTHER_ORDER, -math.inf)
+    at_s = next(e for e in other if e.steps == sizes.steps)
+    assert [e.steps for e in other] == list(range(1, 13))  # every e (1 step here) to the cap
+    assert at_s.bytes_up + at_s.bytes_down == ref.bytes  # FP32 both ways, every step
+    assert at_s.loss != ref.target  # other batches: another draw of the curve
+    # With no offset it is the reference's own training: the same initial weights and loop
+    monkeypatch.setattr(targets, "ORDER_OFFSET", 0)
+    same = targets.reference_other_order("digits", 0, sizes, targets.OTHER_ORDER, -math.inf)
+    assert next(e.loss for e in same if e.steps == sizes.steps) == ref.target
+
+
+def test_other_order_row_reaches_by_the_configurations_rule_and_is_never_the_best(targets):
+    sizes = targets.Sizes(steps=8, cap=1.5, sites=2, seeds=(0,), other_order=True)
+    assert sizes.grid()[-1] == targets.OTHER_ORDER and "seed+1000" in targets.label(
+        targets.OTHER_ORDER
+    )
+    ref = targets.reference("digits", 0, sizes)
+    run = targets.reference_other_order("digits", 0, sizes, targets.OTHER_ORDER, ref.target)
+    reached = targets.first(run, ref.target)  # the rule every configuration is read by
+    assert reached.reached == (run[-1].loss <= ref.target) and reached.steps == run[-1].steps
+    assert not targets.reached_at_goal(ref, run)  # FP32 every step: ~1x, never 1000x
+    summary = targets.Summary(1, 1, (5000.0, 0.0), (0.5, 0.0))
+    assert "none" in targets.best({targets.OTHER_ORDER: [summary]})
+
+
+def test_reference_order_other_prints_the_row_its_seeds_and_the_count_against_it():
+    out = _bench(
+        *("--to-target", "--tasks", "digits", "--steps", "8", "--seeds", "0,1", "--jobs", "2"),
+        *("--configs", "H=4 sgd fp32", "--reference-order", "other"),
+        timeout=120,
+        check=True,
+    ).stdout
+    lines = out.strip().splitlines()
+    row = next(line for line in lines if line.startswith("FP32 DP, batches of seed+1000 "))
+    per_seed = next(i for i, line in enumerate(lines) if line.startswith("digits per seed"))
+    seeds = next(line for line in lines[per_seed:] if line.startswith("FP32 DP, batches"))
+    points = [cell.split(" / ")[0] for cell in re.split(r"\s{2,}", seeds.strip())[1:]]
+    count = sum(p != "-" for p in points)
+    assert row.split()[5] == f"{count}/2"  # the table's count is the per-seed cells'
+    assert (
+        f"digits, point target: seeds reached within 1.5x S: FP32 DP, batches of seed+1000 "
+        f"{count}/2; H=4 sgd fp32 at >= 1000x 0/2"
+    ) in lines
