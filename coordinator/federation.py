@@ -151,7 +151,8 @@ class Federation:
         # The weights' digest names them to the agents; the rest only guards the file
         # (checkpoint.section_digest).
         self._digests = {
-            section: DigestStream(integrity=section != "weights") for section in checkpoint.SECTIONS
+            section: DigestStream("weights" if section == "weights" else "integrity")
+            for section in checkpoint.SECTIONS
         }
         self._written_sections: set[str] = set()
         if self.checkpoints is not None:
