@@ -18,6 +18,7 @@ from skyfed.compression import PayloadError, codec_names
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
+from skyfed.fingerprint import DIGEST_PREFIX, is_weights_digest
 from skyfed.logs import Phases
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
 from skyfed.wire import (
@@ -224,6 +225,7 @@ class Agent:
             if payload is not None:
                 datas[payload.tensor] = payload.data
         end = message
+        _check_digest_kind(end.weights_digest)
         if len(datas) != len(self.spec) or end.chunks != assembler.next_seq:
             raise Resync(f"weights transfer incomplete ({len(datas)} tensors)")
         try:
@@ -440,6 +442,7 @@ class Agent:
         started = time.monotonic()
         digest = self.site.digest()
         phase(end.round, "digested", wait_s=time.monotonic() - started)
+        _check_digest_kind(end.weights_digest)
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")
         self._write_report(digest)
@@ -506,3 +509,14 @@ class Agent:
             "codec": parse_spec(self.codec)[0],
         }
         write_text_atomic(self.config.report, json.dumps(report, indent=1))
+
+
+def _check_digest_kind(digest: str) -> None:
+    """A coordinator from before the v3 weights digest (a sha256 tree) would never match
+    ours: resyncing round after round hides that, so the agent stops with one line."""
+    if not is_weights_digest(digest):
+        raise LinkClosed(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"the coordinator's weights digest is from before {DIGEST_PREFIX!r} (a sha256 "
+            f"tree); this agent compares the {DIGEST_PREFIX!r} crc32 tree: upgrade the coordinator",
+        )

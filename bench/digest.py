@@ -3,8 +3,8 @@
     python bench/digest.py [--mb 400] [--record WHAT]
 
 Over ``--mb`` MB of float32 weights in four tensors (the wide task's shape at 100M), the
-best of 3: ``weights_digest`` (sha256 tree over 8 MiB blocks on a thread pool, read in
-place), the old form (one sha256 over each tensor's ``tobytes()`` copy), and sha256 and
+best of 3: ``weights_digest`` (crc32 tree over 8 MiB blocks on a thread pool, read in
+place, since v3), the sha256 tree it was before (``sha256_weights_digest``), the oldest form (one sha256 over each tensor's ``tobytes()`` copy), and sha256 and
 crc32 over the same bytes in place, on one thread and on two. ``isfinite().all()``
 against ``aminmax`` for the aggregate's finiteness check, on one of the tensors.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from skyfed.fingerprint import DIGEST_BLOCK_BYTES, weights_digest
+from skyfed.fingerprint import DIGEST_BLOCK_BYTES, sha256_weights_digest, weights_digest
 
 
 def best_s(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(2) as pool:
         rows = [
-            ("weights_digest (sha256 tree, pool)", best_s(lambda: weights_digest(weights))),
+            ("weights_digest (crc32 tree, pool)", best_s(lambda: weights_digest(weights))),
+            ("sha256 tree, pool (before v3)", best_s(lambda: sha256_weights_digest(weights))),
             ("old: sha256 over tobytes() copies", best_s(old)),
             (
                 "sha256 in place, 1 thread",

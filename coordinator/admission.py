@@ -22,9 +22,10 @@ from skyfed.errors import (
     ModelMismatchError,
     NoSessionError,
     ProtocolError,
+    UnsupportedDigestError,
     UnsupportedExchangeError,
 )
-from skyfed.fingerprint import describe_mismatch
+from skyfed.fingerprint import DIGEST_PREFIX, describe_mismatch, is_weights_digest
 from skyfed.proto.chunks import cut_all
 from skyfed.wire import (
     ChunkKind,
@@ -65,6 +66,12 @@ class Admission:
             raise ModelMismatchError(
                 f"model fingerprint differs from the federation's ({fed.config.task}, "
                 f"{fed.digest}): {describe_mismatch(fed.spec, hello.tensors)}"
+            )
+        digest = hello.weights_digest
+        if digest and not is_weights_digest(digest):  # resyncing would never match
+            raise UnsupportedDigestError(
+                f"the agent's weights digest is from before {DIGEST_PREFIX!r} (a sha256 tree); "
+                f"this coordinator compares the {DIGEST_PREFIX!r} crc32 tree: upgrade the agent"
             )
         offered = list(hello.exchanges) or ["delta"]  # agents from before the field
         if fed.config.exchange not in offered:

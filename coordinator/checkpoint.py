@@ -43,14 +43,15 @@ from pathlib import Path
 import torch
 
 from skyfed import failpoints
-from skyfed.fingerprint import integrity_digest, weights_digest
+from skyfed.fingerprint import integrity_digest, sha256_weights_digest, weights_digest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
-"""3: the residual and momentum sections verified by ``integrity_digest`` (crc32 blocks);
-2 (still read): every section by ``weights_digest`` (docs/scale.md, Digests)."""
-READABLE = (2, 3)
+FORMAT = 4
+"""4: the weights verified by ``weights_digest`` (v3, crc32 blocks: the digest agents
+compare), the residual and momentum by ``integrity_digest``; still read: 3 (the weights by
+the sha256 tree before v3) and 2 (every section by it; docs/scale.md, Digests)."""
+READABLE = (2, 3, 4)
 MAGIC = b"SKYFEDCK"
 SUFFIX = ".ckpt"
 PREFIX = "round-"
@@ -93,8 +94,11 @@ def save(directory: Path, ckpt: Checkpoint) -> Path:
 
 def section_digest(section: str, tensors: list[torch.Tensor], fmt: int = FORMAT) -> str:
     """What a checkpoint of format ``fmt`` holds for ``section``: the weights' own digest
-    (the one agents compare), the cheaper integrity digest for the rest from format 3."""
-    if section == "weights" or fmt < 3:
+    (the one agents compare; before format 4 the sha256 tree it was), the integrity digest
+    for the rest from format 3."""
+    if fmt < 3 or (section == "weights" and fmt < 4):
+        return sha256_weights_digest(tensors)
+    if section == "weights":
         return weights_digest(tensors)
     return integrity_digest(tensors)
 

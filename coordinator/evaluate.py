@@ -1,14 +1,19 @@
 """Held-out evaluation of the canonical weights, off the round's critical path.
 
-The caller hands over a copy of the weights; a worker thread puts it into a model of its
-own and calls the task's ``eval_loss``. A round that closes while an evaluation runs is
-not waited for: the next due round is evaluated once the worker is free.
+The caller lends the live weights; a worker thread makes them a model's parameters (views:
+no copy) and calls the task's ``eval_loss``, then hands them back (``release``). The round's
+close waits for that before it changes them in place (``Federation.weights_read``), so an
+evaluation reads one round's weights whole, and the coordinator spends no model-sized copy
+on it: 400 MB of new memory at 100M parameters, and as much again for the next round's
+uplinks, whose pooled memory the copy had to let go (docs/scale.md, Measured, large6).
+The price: a task whose ``eval_loss`` outlasts the time to the next close holds that close
+up by the difference (logged, ``close_waited_ms``). A later due round is evaluated once
+the worker is free.
 
-The model's parameters hold no memory of their own: the copy handed over becomes them for
-the evaluation, and they are emptied after it. A model kept whole beside the weights was
-a third model-sized block in the coordinator all run (1x of its peak RSS at the round's
-close, docs/scale.md, Measured), and each evaluation copied the weights into it once more.
-Its buffers (a norm's running statistics: not federated) stay as the model was built.
+The model's parameters hold no memory of their own: the weights lent become them for the
+evaluation, and they are emptied after it (docs/scale.md, large5). Its buffers (a norm's
+running statistics: not federated) stay as the model was built. ``eval_loss`` must not
+change the parameters: one that does (in place, through torch) is logged as an error.
 """
 
 from __future__ import annotations
@@ -68,12 +73,19 @@ class Evaluator:
         with self._lock:
             return not self._busy and (crossed or final)
 
-    def submit(self, round_: int, weights: list[torch.Tensor]) -> None:
-        """Evaluate ``weights`` (a copy the evaluator may keep) of ``round_`` in the background."""
+    def submit(
+        self,
+        round_: int,
+        weights: list[torch.Tensor],
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        """Evaluate ``weights`` of ``round_`` in the background, reading them in place;
+        ``release`` is called once they are no longer read (before ``on_result``, and
+        without any lock of the evaluator's held)."""
         with self._lock:
             self._busy, self._last_due = True, round_
         self._worker = threading.Thread(
-            target=self._run, args=(round_, weights), name="eval", daemon=True
+            target=self._run, args=(round_, weights, release), name="eval", daemon=True
         )
         self._worker.start()
 
@@ -87,13 +99,16 @@ class Evaluator:
         if self._worker is not None:
             self._worker.join(timeout)
 
-    def _run(self, round_: int, weights: list[torch.Tensor]) -> None:
+    def _run(
+        self, round_: int, weights: list[torch.Tensor], release: Callable[[], None] | None
+    ) -> None:
         started = time.monotonic()
+        versions = [w._version for w in weights]  # torch's count of in-place changes
         try:
             with torch.no_grad():
                 params = zip(self._model.parameters(), self._shapes, weights, strict=True)
                 for p, shape, w in params:
-                    p.data = w.to(p.dtype).view(shape)  # the copy itself (or its cast)
+                    p.data = w.to(p.dtype).view(shape)  # the weights themselves (or a cast)
             self._model.eval()
             loss = float(self._eval_loss(self._model))
         except Exception:  # a task's own eval must not take the coordinator down
@@ -101,6 +116,16 @@ class Evaluator:
             loss = float("nan")
         finally:
             self._empty_parameters()
+            changed = [i for i, w in enumerate(weights) if w._version != versions[i]]
+            if release is not None:
+                release()
+        if changed:
+            log.error(
+                "[Coordinator.Eval] round=%d weights it was lent changed during eval_loss "
+                "(in place, tensors %s): agents will resync to them",
+                round_,
+                changed,
+            )
         result = EvalResult(round_, loss, time.monotonic() - started)
         with self._lock:
             self.latest = result

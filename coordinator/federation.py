@@ -86,6 +86,12 @@ class Federation:
         """Seconds rounds waited on their checkpoint (the rest is written beside them)."""
         self.evaluation: EvalResult | None = None
         """The last held-out evaluation, set by the observer's evaluator."""
+        self.weights_free = threading.Event()
+        """Clear while an evaluation reads the live weights (the observer lends them, the
+        evaluator sets it when done); the close waits for it before changing them."""
+        self.weights_free.set()
+        self.evaluation_wait_s = 0.0
+        """Seconds closes waited for an evaluation still reading the weights."""
         self.max_payload = max_payload_bytes(self.spec)
         self.norm_bound = NormBound(config.clip_norm_ratio)
         self.links = Links(
@@ -145,7 +151,8 @@ class Federation:
         # The weights' digest names them to the agents; the rest only guards the file
         # (checkpoint.section_digest).
         self._digests = {
-            section: DigestStream(integrity=section != "weights") for section in checkpoint.SECTIONS
+            section: DigestStream("weights" if section == "weights" else "integrity")
+            for section in checkpoint.SECTIONS
         }
         self._written_sections: set[str] = set()
         if self.checkpoints is not None:
@@ -178,6 +185,18 @@ class Federation:
             self.checkpoints.finish(
                 {s: self._digests[s].hexdigest() for s in self._written_sections}
             )
+
+    def weights_read(self) -> None:
+        """Wait until no evaluation reads the live weights (``coordinator/evaluate.py``):
+        the close changes them in place. Called with the lock held; the evaluator frees
+        them without taking it."""
+        if self.weights_free.is_set():
+            return
+        started = time.perf_counter()
+        self.weights_free.wait()
+        waited = time.perf_counter() - started
+        self.evaluation_wait_s += waited
+        log.info("[Coordinator.Eval] round=%d close_waited_ms=%.0f", self.round, waited * 1000)
 
     def checkpoint_written(self) -> None:
         """Wait until the last checkpoint is whole on disk (a kill no longer loses it)."""

@@ -101,7 +101,7 @@ class Observer:
         done = final or snap["finished"]
         if self._last_round >= 0 and self.evaluator.due(self._last_round, final=done):
             round_, weights = self._weights()
-            self.evaluator.submit(round_, weights)
+            self.evaluator.submit(round_, weights, self.federation.weights_free.set)
         return snap
 
     def _run(self) -> None:
@@ -115,12 +115,13 @@ class Observer:
                 log.exception("[Coordinator.Observe] poll failed")
 
     def _weights(self) -> tuple[int, list]:
+        """The closed round and its live weights, lent: the next close waits until the
+        evaluator hands them back (``Federation.weights_read``), so they stay that round's
+        whole, with no model-sized copy (docs/scale.md, Measured, large6)."""
         fed = self.federation
-        with fed.cond:  # a consistent copy: the round engine changes weights under it
-            # The copy is model-sized: the uplinks' free payload memory goes first, so the
-            # two never add up (the next round's uplinks take new memory; docs/scale.md).
-            fed.payloads.let_go()
-            return fed.round - 1, [w.clone() for w in fed.weights]
+        with fed.cond:  # between closes: the round engine changes weights under it
+            fed.weights_free.clear()
+            return fed.round - 1, list(fed.weights)
 
     def _evaluated(self, result: EvalResult) -> None:
         fed = self.federation

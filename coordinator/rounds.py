@@ -133,6 +133,7 @@ class Rounds:
         )
         contributors = fed.aggregate.committed
         fed.checkpoint_written()  # the last one read the weights this round changes
+        fed.weights_read()  # and so may the last evaluation
         final = fed.config.rounds > 0 and fed.round + 1 >= fed.config.rounds
         sessions = list(fed.sessions.values())
         before = {s.key: s.bytes_down for s in sessions}

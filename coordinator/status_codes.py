@@ -17,6 +17,7 @@ from skyfed.errors import (
     ProtocolError,
     RevokedError,
     TooManyStreamsError,
+    UnsupportedDigestError,
     UnsupportedExchangeError,
 )
 
@@ -29,6 +30,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     IdentityMismatchError: grpc.StatusCode.PERMISSION_DENIED,
     ModelMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedExchangeError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedDigestError: grpc.StatusCode.FAILED_PRECONDITION,
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,

@@ -35,6 +35,10 @@ class UnsupportedExchangeError(FederationError):
     """The agent cannot contribute what the federation exchanges (an older agent)."""
 
 
+class UnsupportedDigestError(FederationError):
+    """A peer that names weights by another digest than this one (one from before v3)."""
+
+
 class RevokedError(FederationError):
     """A peer whose certificate is on the CRL or carries no valid identity."""
 

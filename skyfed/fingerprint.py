@@ -18,7 +18,15 @@ import torch
 # result does not depend on how many threads ran. 8 MiB: a 400 MB model gives ~50 blocks,
 # enough to keep both cores busy; per-block overhead is negligible at that size.
 DIGEST_BLOCK_BYTES = 8 << 20
-DIGEST_VERSION = b"skyfed-weights-v2"
+DIGEST_VERSION = b"skyfed-weights-v3"
+"""The tag of :func:`weights_digest`'s tree (crc32 blocks, since v3)."""
+DIGEST_PREFIX = "w3:"
+"""What every :func:`weights_digest` starts with: a peer whose digest does not is from
+before v3 (a bare sha256 tree) and is refused in one line, not resynced round after round
+(docs/protocol.md, Weights digest)."""
+SHA256_VERSION = b"skyfed-weights-v2"
+"""The tag of the sha256 tree that named the weights before v3; checkpoints of format 2
+and 3 are still verified with it (:func:`sha256_weights_digest`)."""
 INTEGRITY_VERSION = b"skyfed-integrity-v1"
 """The tag of :func:`integrity_digest`'s tree (crc32 blocks), a checkpoint's sections
 beyond the weights."""
@@ -51,16 +59,22 @@ def spec_digest(spec: Sequence[TensorInfo]) -> str:
 
 
 def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
-    """A sha256 tree over the raw bytes of every tensor in order: equal digests mean
-    bit-identical (up to sha256 collisions).
+    """The weights' identity: ``DIGEST_PREFIX`` and a tree over the raw bytes of every
+    tensor in order; equal digests mean bit-identical weights, up to a crc32 collision.
 
-    Each tensor's bytes are cut into ``DIGEST_BLOCK_BYTES`` blocks, the blocks hashed with
-    sha256 in parallel, and the digest is sha256 over a version tag, each tensor's byte
-    length and its block hashes. Read in place (no copy of a contiguous CPU tensor);
-    ``tensors`` may be a generator (TP gathers one tensor at a time): each is hashed as
-    it comes. sha256 rather than a faster non-cryptographic hash, because the same digest
-    verifies checkpoints on load, where integrity matters, and with SHA extensions it runs
-    at ~1.2 GB/s per core here, within 2x of crc32 (docs/scale.md has the figures).
+    Each tensor's bytes are cut into ``DIGEST_BLOCK_BYTES`` blocks, each block's crc32
+    taken in parallel (zlib drops the GIL), and the digest is sha256 over a version tag,
+    each tensor's byte length and its block crcs. Read in place (no copy of a contiguous
+    CPU tensor); ``tensors`` may be a generator (TP gathers one tensor at a time): each is
+    hashed as it comes.
+
+    crc32, not sha256, per block (since v3, docs/scale.md, Digests): both ends compute it
+    every round, and what it has to catch is two authenticated peers' weights drifting
+    apart (a bug, a nondeterministic kernel, a torn file), never a forgery: an agent cannot
+    write the coordinator's weights, and a collision crafted against an unkeyed hash stored
+    beside the bytes proves nothing either way. A block that differs escapes with
+    probability 2**-32 (every burst of up to 32 bits is caught). Over 400 MB on the digest
+    pool crc32 costs about half of sha256's CPU.
     """
     stream = DigestStream()
     for t in tensors:
@@ -68,9 +82,24 @@ def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
     return stream.hexdigest()
 
 
+def sha256_weights_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """The sha256 tree that was the weights digest before v3 (no prefix): only to verify
+    checkpoints of format 2 and 3 (``coordinator/checkpoint.py``)."""
+    stream = DigestStream(kind="sha256")
+    for t in tensors:
+        stream.add(t)
+    return stream.hexdigest()
+
+
+def is_weights_digest(digest: str) -> bool:
+    """True if ``digest`` is :func:`weights_digest`'s kind (a peer of this protocol)."""
+    return digest.startswith(DIGEST_PREFIX)
+
+
 def integrity_digest(tensors: Iterable[torch.Tensor]) -> str:
-    """:func:`weights_digest`'s tree with crc32 blocks: what a checkpoint's downlink
-    residual and outer momentum are verified against on load (docs/scale.md, Digests).
+    """:func:`weights_digest`'s tree under its own tag, without the prefix: what a
+    checkpoint's downlink residual and outer momentum are verified against on load
+    (docs/scale.md, Digests), so the two never pass for each other.
 
     Those bytes never leave the coordinator and name nothing to anyone: the digest only
     has to catch a torn or damaged file, which a crc32 per 8 MiB block does (every burst of
@@ -79,22 +108,30 @@ def integrity_digest(tensors: Iterable[torch.Tensor]) -> str:
     Python's own: over 400 MB here 0.18 CPU-s against sha256's 0.28-0.34 (adler32 0.23),
     ~0.15 CPU-s a round at 100M parameters for the coordinator's residual.
     """
-    stream = DigestStream(integrity=True)
+    stream = DigestStream(kind="integrity")
     for t in tensors:
         stream.add(t)
     return stream.hexdigest()
 
 
-class DigestStream:
-    """:func:`weights_digest` (or, with ``integrity``, :func:`integrity_digest`) fed one
-    tensor at a time, as each becomes final: its blocks hash on the pool while the caller
-    goes on (the coordinator hashes each tensor of the round's weights while it encodes
-    the next). A tensor added must not change until :meth:`hexdigest` returns."""
+_KINDS = {
+    "weights": (DIGEST_PREFIX, DIGEST_VERSION),
+    "integrity": ("", INTEGRITY_VERSION),
+    "sha256": ("", SHA256_VERSION),
+}
 
-    def __init__(self, integrity: bool = False) -> None:
+
+class DigestStream:
+    """:func:`weights_digest` (``kind`` "integrity": :func:`integrity_digest`, "sha256":
+    :func:`sha256_weights_digest`) fed one tensor at a time, as each becomes final: its
+    blocks hash on the pool while the caller goes on (the coordinator hashes each tensor of
+    the round's weights while it encodes the next). A tensor added must not change until
+    :meth:`hexdigest` returns."""
+
+    def __init__(self, kind: str = "weights") -> None:
         self._pending: list[tuple[int, list[Future[bytes]]]] = []
-        self._block = _block_crc32 if integrity else _block_digest
-        self._version = INTEGRITY_VERSION if integrity else DIGEST_VERSION
+        self._block = _block_digest if kind == "sha256" else _block_crc32
+        self._prefix, self._version = _KINDS[kind]
 
     def add(self, t: torch.Tensor) -> None:
         raw = _bytes_of(t)
@@ -111,7 +148,7 @@ class DigestStream:
             top.update(nbytes.to_bytes(8, "little"))
             for block in blocks:
                 top.update(block.result())
-        return top.hexdigest()
+        return self._prefix + top.hexdigest()
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:

@@ -50,3 +50,13 @@ def test_the_integrity_digest_catches_a_flipped_bit_in_any_block_and_is_no_weigh
         assert fingerprint.integrity_digest(flipped) != before, index
     a, b = torch.arange(6, dtype=torch.float32), torch.arange(6, 10, dtype=torch.float32)
     assert fingerprint.integrity_digest([a, b]) != fingerprint.integrity_digest([torch.cat([a, b])])
+
+
+def test_the_weights_digest_is_a_crc32_tree_tagged_v3_not_the_sha256_tree_before_it():
+    ws = _weights()
+    digest = weights_digest(ws)
+    assert digest.startswith(fingerprint.DIGEST_PREFIX) and fingerprint.is_weights_digest(digest)
+    before = fingerprint.sha256_weights_digest(ws)  # what agents and checkpoints had up to v2
+    assert not fingerprint.is_weights_digest(before) and len(before) == 64
+    assert digest[len(fingerprint.DIGEST_PREFIX) :] != before
+    assert digest != fingerprint.DIGEST_PREFIX + fingerprint.integrity_digest(ws)

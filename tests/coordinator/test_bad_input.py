@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from skyfed.compression import make_codec
-from skyfed.fingerprint import model_spec, weights_digest
+from skyfed.fingerprint import model_spec, sha256_weights_digest, weights_digest
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import cut_all
 from skyfed.proto.serde import chunk_to_proto, specs_to_proto
@@ -223,6 +223,28 @@ def test_agent_without_the_federations_exchange_is_failed_precondition(serve, ra
     code, details = agent.ended()
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "exchanges 'gradient'" in details and "['delta']" in details
+
+
+def test_an_agent_with_the_sha256_weights_digest_from_before_v3_is_refused_in_one_line(
+    serve, raw_agent
+):
+    """Its digest would never match ours: resynced, it would be sent the weights again
+    every round instead of hearing why."""
+    running = serve()
+    agent = raw_agent(running.port, "aws-1")
+    weights, spec = model_and_spec()
+    hello = pb.Hello(
+        cloud="aws",
+        name="aws-1",
+        tensors=specs_to_proto(spec),
+        last_round=-1,
+        weights_digest=sha256_weights_digest(weights),
+    )
+    agent.send(hello=hello)
+    code, details = agent.ended()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "from before 'w3:'" in details and "upgrade the agent" in details
+    assert "\n" not in details
 
 
 def test_model_mismatch_is_failed_precondition(serve, raw_agent):

@@ -11,7 +11,7 @@ import torch
 
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.checkpoint import Checkpoint
-from skyfed.fingerprint import integrity_digest, weights_digest
+from skyfed.fingerprint import integrity_digest, sha256_weights_digest, weights_digest
 
 
 def _ckpt(round_: int, residual: bool = True) -> Checkpoint:
@@ -134,7 +134,7 @@ def _with_footer(path: Path, body: bytes, footer: dict) -> None:
 def test_a_residual_byte_damaged_fails_its_integrity_digest(tmp_path: Path):
     path = checkpoint.save(tmp_path, _ckpt(3))
     body, footer = _footer(path)
-    assert footer["format"] == 3
+    assert footer["format"] == 4
     assert footer["digests"]["residual"] == integrity_digest(_ckpt(3).downlink_residual)
     assert footer["digests"]["weights"] == weights_digest(_ckpt(3).weights)
     first = footer["sections"]["residual"][0]["offset"]
@@ -149,7 +149,8 @@ def test_a_format_2_checkpoint_with_sha256_everywhere_still_loads(tmp_path: Path
     path = checkpoint.save(tmp_path, _ckpt(5))
     body, footer = _footer(path)
     footer["format"] = 2
-    footer["digests"]["residual"] = weights_digest(_ckpt(5).downlink_residual)
+    footer["digests"]["weights"] = sha256_weights_digest(_ckpt(5).weights)
+    footer["digests"]["residual"] = sha256_weights_digest(_ckpt(5).downlink_residual)
     _with_footer(path, body, footer)
     loaded = checkpoint.load(tmp_path)
     assert loaded is not None and _same(loaded, _ckpt(5))
@@ -157,3 +158,16 @@ def test_a_format_2_checkpoint_with_sha256_everywhere_still_loads(tmp_path: Path
     _with_footer(path, body, footer)  # format 2 never held the integrity digest
     with pytest.raises(ValueError, match="residual do not match"):
         checkpoint.read(path)
+
+
+def test_a_format_3_checkpoint_with_the_sha256_weights_digest_still_loads(tmp_path: Path):
+    path = checkpoint.save(tmp_path, _ckpt(6))
+    body, footer = _footer(path)
+    footer["format"] = 3
+    _with_footer(path, body, footer)
+    with pytest.raises(ValueError, match="weights do not match"):  # format 3 held sha256
+        checkpoint.read(path)
+    footer["digests"]["weights"] = sha256_weights_digest(_ckpt(6).weights)
+    _with_footer(path, body, footer)
+    loaded = checkpoint.load(tmp_path)
+    assert loaded is not None and _same(loaded, _ckpt(6))

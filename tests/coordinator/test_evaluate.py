@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 
+import pytest
 import torch
 
 from skyfed.coordinator.evaluate import EvalResult, Evaluator
@@ -69,3 +71,57 @@ def _zeroed(model):
         for p in model.parameters():
             p.zero_()
     return model
+
+
+class _HeldEvaluation:
+    """chargpt whose ``eval_loss`` reads the weights, waits for the test, reads them again."""
+
+    entered = threading.Event()
+    go = threading.Event()
+    seen: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+
+    def __init__(self) -> None:
+        self._task = load_task("chargpt")
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def eval_loss(self, model) -> float:
+        before = [p.detach().clone() for p in model.parameters()]
+        type(self).entered.set()
+        type(self).go.wait(30)
+        after = [p.detach().clone() for p in model.parameters()]
+        type(self).seen.append((before, after))
+        return 0.0
+
+
+def held_evaluation() -> _HeldEvaluation:
+    """The factory ``--task tests.coordinator.test_evaluate:held_evaluation`` calls."""
+    return _HeldEvaluation()
+
+
+def test_the_next_close_waits_for_an_evaluation_reading_the_live_weights(serve, raw_agent):
+    """The evaluation reads the coordinator's own weights, not a copy: the next round's
+    close, which changes them in place, must wait until it is done, or it would read half
+    of one round and half of the next (``Federation.weights_read``)."""
+    from .test_bad_input import contribution, deltas, join, send
+
+    held = _HeldEvaluation
+    held.entered.clear(), held.go.clear(), held.seen.clear()
+    running = serve(
+        min_agents=1, eval_every=1, task="tests.coordinator.test_evaluate:held_evaluation"
+    )
+    agent = raw_agent(running.port, "aws-1")
+    join(agent, "aws", "aws-1")
+    send(agent, *contribution(deltas(1)))
+    assert agent.expect("receipt").receipt.accepted
+    assert agent.expect("round_end").round_end.round == 0
+    assert held.entered.wait(30)  # round 0's evaluation is reading the weights
+    send(agent, *contribution(deltas(2), round=1))
+    assert agent.expect("receipt").receipt.accepted
+    with pytest.raises(queue.Empty):  # round 1 is complete but may not close yet
+        agent.expect("round_end", timeout=1.5)
+    held.go.set()
+    assert agent.expect("round_end", timeout=30).round_end.round == 1
+    before, after = held.seen[0]
+    assert all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
