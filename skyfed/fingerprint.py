@@ -7,7 +7,7 @@ import math
 import os
 import threading
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -114,13 +114,6 @@ def integrity_digest(tensors: Iterable[torch.Tensor]) -> str:
     return stream.hexdigest()
 
 
-_KINDS = {
-    "weights": (DIGEST_PREFIX, DIGEST_VERSION),
-    "integrity": ("", INTEGRITY_VERSION),
-    "sha256": ("", SHA256_VERSION),
-}
-
-
 class DigestStream:
     """:func:`weights_digest` (``kind`` "integrity": :func:`integrity_digest`, "sha256":
     :func:`sha256_weights_digest`) fed one tensor at a time, as each becomes final: its
@@ -130,8 +123,7 @@ class DigestStream:
 
     def __init__(self, kind: str = "weights") -> None:
         self._pending: list[tuple[int, list[Future[bytes]]]] = []
-        self._block = _block_digest if kind == "sha256" else _block_crc32
-        self._prefix, self._version = _KINDS[kind]
+        self._prefix, self._version, self._block = _KINDS[kind]
 
     def add(self, t: torch.Tensor) -> None:
         raw = _bytes_of(t)
@@ -167,6 +159,14 @@ def _block_digest(block: memoryview) -> bytes:
 
 def _block_crc32(block: memoryview) -> bytes:
     return zlib.crc32(block).to_bytes(4, "little")  # zlib drops the GIL for large buffers
+
+
+_KINDS: dict[str, tuple[str, bytes, Callable[[memoryview], bytes]]] = {
+    "weights": (DIGEST_PREFIX, DIGEST_VERSION, _block_crc32),
+    "integrity": ("", INTEGRITY_VERSION, _block_crc32),
+    "sha256": ("", SHA256_VERSION, _block_digest),
+}
+"""Per :class:`DigestStream` kind: the digest's prefix, its tree's tag, its block hash."""
 
 
 def _digest_pool() -> ThreadPoolExecutor:
