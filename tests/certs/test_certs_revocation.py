@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
 from skyfed.certs import revocation
 from skyfed.certs.authority import AuthorityError, CertificateAuthority
@@ -128,6 +129,27 @@ def test_crl_signed_by_another_ca_is_rejected(
 ) -> None:
     with pytest.raises(RevocationError, match="not signed by the CA"):
         RevocationList(other_ca.crl_path, ca.ca_cert_path)
+
+
+def test_a_ca_whose_key_cannot_sign_is_refused_in_one_line(
+    ca: CertificateAuthority, tmp_path: Path
+) -> None:
+    """A key-agreement key (X25519) in the CA's place can verify no CRL: say so, not crash."""
+    signer = ed25519.Ed25519PrivateKey.generate()
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "agreement-only")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(x25519.X25519PrivateKey.generate().public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + timedelta(days=1))
+        .sign(signer, None)
+    )
+    with pytest.raises(RevocationError, match="has no signing key"):
+        revocation.load_crl(ca.crl_path, cert)
 
 
 def test_a_bad_crl_rewrite_keeps_the_previous_list_and_warns(
