@@ -143,3 +143,54 @@ def test_a_sum_left_to_top_ks_pass_gives_the_same_bits_as_one_made_first(params)
         for key in shapes:
             assert bytes(got[key]) == bytes(want[key]), (round_, key)
             assert torch.equal(fused.residuals[key], summed.residuals[key]), (round_, key)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("topk", {"density": 0.05}),
+        ("topk", {"bits": 2}),
+        ("topk", {"values": "fp16"}),
+        ("ecsgd", {"bits": 2}),
+    ],
+)
+def test_keys_encoded_on_workers_give_the_one_at_a_times_bits(name, params, workers):
+    """``workers``: a planned set's keys encoded at once give, in the same order, the same
+    payloads, residuals (stored in the same order) and applied weights as one at a time,
+    over rounds of error feedback (EC-SGD, stochastic, stays one at a time)."""
+    gen = torch.Generator().manual_seed(13)
+    shapes = {"a": (300, 500), "b": (200_001,), "c": (64,), "d": (700, 300), "e": (90_000,)}
+    serial, pooled = ErrorFeedback(), ErrorFeedback()
+    w_serial = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
+    w_pooled = {k: w.clone() for k, w in w_serial.items()}
+    for round_ in range(3):
+        g = {k: torch.randn(s, generator=gen) * (1 + round_) for k, s in shapes.items()}
+        runs = []
+        for fb, weights, n in ((serial, w_serial, 1), (pooled, w_pooled, workers)):
+            codec = make_codec(name, seed=[round_], **params).for_downlink(3)
+            out = encode_in_place(
+                fb, codec, g.items(), borrowed=True, applied_to=weights, alpha=-1.0, workers=n
+            )
+            runs.append([(key, bytes(p)) for key, p in out])
+        assert runs[0] == runs[1], round_
+        assert list(serial.residuals) == list(pooled.residuals)
+        for key in shapes:
+            assert torch.equal(serial.residuals[key], pooled.residuals[key]), (round_, key)
+            assert torch.equal(w_serial[key], w_pooled[key]), (round_, key)
+
+
+def test_a_pooled_encode_left_early_leaves_no_key_encoding():
+    """A consumer that stops after the first payload: no worker still writes afterwards."""
+    gen = torch.Generator().manual_seed(14)
+    g = {k: torch.randn(400_000, generator=gen) for k in "abcdef"}
+    fb = ErrorFeedback()
+    weights = {k: torch.zeros(400_000) for k in g}
+    out = encode_in_place(
+        fb, make_codec("topk", density=0.05), g.items(), applied_to=weights, workers=2
+    )
+    next(out)
+    out.close()
+    touched = {k: w.clone() for k, w in weights.items()}
+    assert all(torch.equal(weights[k], touched[k]) for k in g)  # nothing moves after close
+    assert not any(bool(weights[k].any()) for k in "def")  # never started
