@@ -31,13 +31,6 @@ from skyfed.wire import Payload
 SENDER = "coordinator"
 """Who sends the downlink, for its rounding seed (agent names default to <cloud>-<n>)."""
 
-ENCODE_WORKERS = 2
-"""Tensors a planning codec's broadcast (Top-k) encodes at once, on threads of their own.
-The coordinator computes with one torch intra-op thread (``CoordinatorConfig.threads``),
-so its close ran on one core; without overlap the agents wait for the broadcast, and the
-encode is most of the close (docs/wan.md, Top-k's exchange). Each tensor's encode touches
-only its own memory, so the payloads are the same bytes."""
-
 Update = Callable[[int, torch.Tensor], torch.Tensor]
 """``update(i, out)``: tensor ``i``'s update written into ``out`` (float32, its shape)."""
 
@@ -93,13 +86,7 @@ class Downlink:
         updates = ((name, update(i, self._scratch(i))) for i, name in enumerate(self.names))
         own = dict(zip(self.names, weights, strict=True))  # w - D(c), as the agents decode it
         for name, data in encode_in_place(
-            self.feedback,
-            codec,
-            updates,
-            borrowed=True,
-            applied_to=own,
-            alpha=-1.0,
-            workers=ENCODE_WORKERS,
+            self.feedback, codec, updates, borrowed=True, applied_to=own, alpha=-1.0
         ):
             yield Payload(index[name], None, codec_name, data)  # the plan keeps the model's order
         if codec.lossless and not any(bool(r.any()) for r in residuals.values()):

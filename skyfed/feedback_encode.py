@@ -19,15 +19,12 @@ encode (docs/scale.md).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
 from skyfed.compression.base import Codec
 from skyfed.compression.feedback import ErrorFeedback, release_share
-from skyfed.compression.frame import PayloadBuffer
 
 
 def encode_in_place(
@@ -38,7 +35,6 @@ def encode_in_place(
     borrowed: bool = False,
     applied_to: Mapping[str, torch.Tensor] | None = None,
     alpha: float = 1.0,
-    workers: int = 1,
 ) -> Iterator[tuple[str, bytes]]:
     """``(key, payload)`` for each ``(key, g)`` of ``tensors`` (in their order), updating
     ``feedback``'s residuals as ``encode_all`` does. Each ``g`` is only read; a residual's
@@ -48,10 +44,7 @@ def encode_in_place(
     memory is reused for the next one) needs nothing more and is accepted for callers
     that say it. With ``applied_to``, each payload is also added decoded, ``alpha`` times,
     into that key's tensor (:meth:`Codec.encode_into_residual_applied`: the sender's own
-    apply, from what the encoder has in hand) before it is yielded. ``workers`` > 1: a
-    planning codec's keys (given summed, not fused) are encoded that many at once on a
-    pool, the same bytes in the same order (:func:`_planned_on_workers`); a stochastic
-    codec (EC-SGD: one generator drawn from key after key) stays one key at a time."""
+    apply, from what the encoder has in hand) before it is yielded."""
     if codec.bounded_release and type(codec).plan is Codec.plan:
         for key, g in tensors:
             payload = _bounded(feedback, codec, key, g)
@@ -72,91 +65,20 @@ def encode_in_place(
             pending[key], adds[key] = e, g
         else:
             pending[key] = e.add_(g)  # p = e + g, in the residual's memory
-    plan = codec.plan(pending, adds or None)
-    if workers > 1 and not adds and len(plan) > 1 and not codec.stochastic:
-        yield from _planned_on_workers(feedback, plan, pending, workers, applied_to, alpha)
-        return
-    for key, each in plan.items():
+    for key, each in codec.plan(pending, adds or None).items():
         p = pending.pop(key)
         g = adds.pop(key, None)
         if g is not None:  # p = e + g and e' both in e's memory, in the codec's passes
             payload, residuals[key] = each.encode_with_feedback(g, p, out=feedback.buffer(key))
             yield key, payload
             continue
-        payload = _encode_planned(each, p, feedback.buffer(key), applied_to, key, alpha)
+        if applied_to is None:
+            payload = each.encode_into_residual(p, out=feedback.buffer(key))  # e' in p
+        else:
+            acc = applied_to[key]
+            payload = each.encode_into_residual_applied(p, acc, alpha, out=feedback.buffer(key))
         residuals[key] = p
         yield key, payload
-
-
-def _encode_planned(
-    each: Codec,
-    p: torch.Tensor,
-    out: PayloadBuffer,
-    applied_to: Mapping[str, torch.Tensor] | None,
-    key: str,
-    alpha: float,
-) -> bytes:
-    """One planned key's payload, ``e'`` left in ``p`` (and its apply, with ``applied_to``)."""
-    if applied_to is None:
-        return each.encode_into_residual(p, out=out)  # e' in p
-    return each.encode_into_residual_applied(p, applied_to[key], alpha, out=out)
-
-
-def _planned_on_workers(
-    feedback: ErrorFeedback,
-    plan: dict[str, Codec],
-    pending: dict[str, torch.Tensor],
-    workers: int,
-    applied_to: Mapping[str, torch.Tensor] | None,
-    alpha: float,
-) -> Iterator[tuple[str, bytes]]:
-    """The planned keys encoded up to ``workers`` at once, yielded in the plan's order.
-
-    Each key's encode reads and writes only its own ``p``, payload buffer and applied
-    tensor, and a codec's scratch is per thread (``base.SCRATCH``), so each payload,
-    residual and applied tensor is bit for bit the one-at-a-time encode's; residuals are
-    stored on the caller's thread in the plan's order. Torch and numpy release the GIL in
-    the selection's passes, so with one intra-op thread (the coordinator's) two keys use
-    two cores where one key used one. A key that fails (a non-finite payload) raises once
-    the keys already started are done; those may have been applied.
-    """
-    residuals = feedback.residuals
-    keys = list(plan)
-    jobs: dict[str, Future[bytes]] = {}
-    pool = _encode_pool(workers)
-
-    def start(key: str) -> None:
-        out = feedback.buffer(key)
-        jobs[key] = pool.submit(
-            _encode_planned, plan[key], pending[key], out, applied_to, key, alpha
-        )
-
-    try:
-        for key in keys[:workers]:
-            start(key)
-        for at, key in enumerate(keys):
-            payload = jobs.pop(key).result()
-            residuals[key] = pending.pop(key)
-            if at + workers < len(keys):
-                start(keys[at + workers])
-            yield key, payload
-    finally:  # nothing of this call still writes once it has returned or raised
-        for job in jobs.values():
-            job.cancel()
-        wait(list(jobs.values()))
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _encode_pool(workers: int) -> ThreadPoolExecutor:
-    """The shared pool the planned keys are encoded on (grown, never shrunk)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool._max_workers < workers:
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="skyfed-encode")
-        return _pool
 
 
 def _summable(e: torch.Tensor, g: torch.Tensor) -> bool:
