@@ -1,9 +1,10 @@
 """Gradient codecs, their error-feedback state, and the link policy that picks among them."""
 
-from skyfed.compression.base import Codec, PayloadError
+from skyfed.compression.base import Codec, Parsed, PayloadError
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.registry import (
     check_payload,
+    check_payload_parsed,
     codec_names,
     decode_add_payload,
     decode_payload,
@@ -16,8 +17,10 @@ from skyfed.compression.registry import (
 __all__ = [
     "Codec",
     "ErrorFeedback",
+    "Parsed",
     "PayloadError",
     "check_payload",
+    "check_payload_parsed",
     "needs_check_scratch",
     "codec_names",
     "decode_add_payload",

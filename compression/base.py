@@ -102,6 +102,21 @@ class Codec(ABC):
             raise PayloadError("payload holds NaN or Inf values")
         return squared_norm(values)
 
+    def check_parsed(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> tuple[float, Parsed | None]:
+        """:meth:`check_squares`, and the parse it made when keeping it pays: a sum that
+        adds the payload later (the coordinator's mean at the round's close) then adds
+        from it instead of parsing the payload a second time. None (the default): nothing
+        kept, :meth:`decode_add` the payload. Top-k keeps its ``k`` indices and values,
+        8 bytes a kept element; a dense codec's parse is the tensor itself, so it keeps
+        nothing."""
+        return self.check_squares(payload, out, shape=shape), None
+
     def encode_with_feedback(
         self,
         g: torch.Tensor,
@@ -199,6 +214,17 @@ def output_tensor(shape: tuple[int, ...], out: torch.Tensor | None) -> torch.Ten
         return torch.empty(shape, dtype=torch.float32)
     check_shape(shape, tuple(out.shape))
     return out
+
+
+class Parsed(ABC):
+    """A payload as its check parsed it (:meth:`Codec.check_parsed`), held until it is
+    added: the parse is what a Top-k sum costs most (its indices' zstd and bitmap or
+    varints, its values' dequantize), and the check on arrival has made it already."""
+
+    @abstractmethod
+    def add_into(self, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """Bit for bit :meth:`Codec.decode_add` of the payload it was parsed from; ``acc``
+        as there (of the payload's shape, float32 or float64, a strided view is fine)."""
 
 
 def check_accumulator(acc: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from skyfed.compression import frame
-from skyfed.compression.base import Codec, PayloadError, expected_shape
+from skyfed.compression.base import Codec, Parsed, PayloadError, expected_shape
 from skyfed.compression.ecsgd import EcSgd
 from skyfed.compression.fp import Bf16, Fp16, Fp32
 from skyfed.compression.topk import TopK
@@ -108,6 +108,20 @@ def check_payload(
     if expected is None:
         raise ValueError("check_payload needs the expected shape: out= or shape=")
     return _decoder(payload).check_squares(payload, out, shape=expected)
+
+
+def check_payload_parsed(
+    payload: bytes,
+    out: torch.Tensor | None = None,
+    *,
+    shape: tuple[int, ...] | torch.Size | None = None,
+) -> tuple[float, Parsed | None]:
+    """:func:`check_payload`, and the parse kept for a later sum (:meth:`Codec.check_parsed`:
+    Top-k's indices and values; None for the codecs that keep nothing)."""
+    expected = expected_shape(out, shape)
+    if expected is None:
+        raise ValueError("check_payload_parsed needs the expected shape: out= or shape=")
+    return _decoder(payload).check_parsed(payload, out, shape=expected)
 
 
 def needs_check_scratch(payload: bytes) -> bool:

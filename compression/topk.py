@@ -12,6 +12,7 @@ import torch
 from skyfed.compression import frame, lowbit, packing
 from skyfed.compression.base import (
     Codec,
+    Parsed,
     PayloadError,
     as_flat_f32,
     check_accumulator,
@@ -240,6 +241,20 @@ class TopK(Codec):
         _, _, values_k = self._parse(payload, expected)
         return squared_norm(values_k)
 
+    def check_parsed(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> tuple[float, Parsed | None]:
+        """:meth:`check_squares`, keeping the kept indices (int32 where they fit: 4 bytes,
+        not 8) and decoded values for :meth:`Parsed.add_into`."""
+        f, idx_k, values_k = self._parse(payload, expected_shape(out, shape))
+        if f.numel <= _INT32_MAX:
+            idx_k = idx_k.to(torch.int32)
+        return squared_norm(values_k), _Kept(tuple(f.shape), idx_k, values_k)
+
     def _parse(
         self, payload: bytes, shape: tuple[int, ...] | None
     ) -> tuple[frame.Frame, torch.Tensor, torch.Tensor]:
@@ -327,6 +342,30 @@ class TopK(Codec):
             f"TopK(density={self.density}, values={self.values!r}, "
             f"dense_below={self.dense_below}, bits={self.bits})"
         )
+
+
+_INT32_MAX = 2**31 - 1
+
+
+class _Kept(Parsed):
+    """A Top-k payload's kept indices and decoded values, as its check parsed them."""
+
+    __slots__ = ("idx_k", "shape", "values_k")
+
+    def __init__(self, shape: tuple[int, ...], idx_k: torch.Tensor, values_k: torch.Tensor):
+        self.shape, self.idx_k, self.values_k = shape, idx_k, values_k
+
+    def add_into(self, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``acc[I] += alpha * D(c)``: :meth:`TopK.decode_add` after its parse, the same
+        ``_add_at`` on the same indices and values (int32 indices index as int64 do)."""
+        check_accumulator(acc)
+        if tuple(acc.shape) != self.shape:
+            raise PayloadError(f"payload has shape {list(self.shape)}, expected {list(acc.shape)}")
+        idx_k = self.idx_k
+        if not acc.is_contiguous():  # a shard's storage offsets, computed in int64
+            idx_k = idx_k.to(torch.int64)
+        _add_at(acc, idx_k, self.values_k, alpha)
+        return acc
 
 
 def min_kept(numel: int) -> int:

@@ -10,6 +10,11 @@ the caller's float32 tensor (``Codec.decode_add``), contributions in a fixed ord
 agent), so a rerun of a seed gives the same bits whatever order the uploads finished in.
 A float32 sum of n contributions is within ``n * 2**-24`` of the exact one, far under any
 codec's own error (FP16: ``2**-11``).
+
+A Top-k payload is held with the parse its check on arrival made (its kept indices and
+values, 8 bytes a kept element: ``Codec.check_parsed``), and the close adds from that:
+the same additions in the same order, without parsing every staged uplink a second time
+on the round's critical path (docs/wan.md, Top-k's exchange).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from skyfed.compression import (
+    Parsed,
     PayloadError,
-    check_payload,
+    check_payload_parsed,
     codec_names,
     decode_add_payload,
     needs_check_scratch,
@@ -72,9 +78,14 @@ class RoundAggregate:
             raise ValueError(f"out must be float32 {list(self.spec[tensor].shape)}")
         out.zero_()
         for contribution in sorted(self._committed, key=lambda c: c.key):
-            for payload in contribution.staged.get(tensor, ()):
+            kept = contribution.kept.get(tensor, ())
+            for payload, parsed in zip(contribution.staged.get(tensor, ()), kept, strict=True):
                 alpha = contribution.samples * contribution.factor
-                decode_add_payload(payload.data, _narrow(out, payload.shard), alpha)
+                into = _narrow(out, payload.shard)
+                if parsed is None:
+                    decode_add_payload(payload.data, into, alpha)
+                else:  # the check's parse (Top-k): bit for bit the decode_add above
+                    parsed.add_into(into, alpha)
         return out.div_(self.total_samples)
 
     def mean(self) -> list[torch.Tensor]:
@@ -86,6 +97,7 @@ class RoundAggregate:
         """Drop the payloads of ``tensor``: its mean is taken, its memory goes back."""
         for contribution in self._committed:
             contribution.staged.pop(tensor, None)
+            contribution.kept.pop(tensor, None)
 
 
 class Contribution:
@@ -96,6 +108,11 @@ class Contribution:
         self.samples = samples
         self.key = key
         self.staged: dict[int, list[Payload]] = {}
+        self.kept: dict[int, list[Parsed | None]] = {}
+        """Beside each staged payload, the parse its check made (None: none kept), so the
+        close adds from it and parses no staged uplink again (``Codec.check_parsed``)."""
+        self._parsed: dict[int, Parsed | None] = {}  # by id(payload): checked, not staged
+        self._parsed_lock = threading.Lock()  # a striped session's readers check at once
         self._covered: dict[int, _Coverage] = {}
         self.done = False
         self.factor = 1.0
@@ -110,14 +127,20 @@ class Contribution:
         info = self._spec(payload.tensor)
         coverage = self._covered.setdefault(payload.tensor, _Coverage(info))
         interval = coverage.claim(payload.shard)
-        squares = _check_payload(payload, info)
+        squares, parsed = _check_payload(payload, info)
         coverage.commit(interval)
+        with self._parsed_lock:
+            self._parsed[id(payload)] = parsed
         return squares
 
     def stage(self, payload: Payload) -> None:
-        """Hold a checked payload until the close; the caller holds the federation's lock."""
+        """Hold a checked payload until the close, with its check's parse; the caller
+        holds the federation's lock."""
+        with self._parsed_lock:
+            parsed = self._parsed.pop(id(payload), None)
         if not self.done:
             self.staged.setdefault(payload.tensor, []).append(payload)
+            self.kept.setdefault(payload.tensor, []).append(parsed)
 
     @property
     def complete(self) -> bool:
@@ -140,6 +163,9 @@ class Contribution:
     def withdraw(self) -> None:
         """Drop what was staged: the round's sum is exactly as if it never came."""
         self.staged.clear()
+        self.kept.clear()
+        with self._parsed_lock:
+            self._parsed.clear()
         self.done = True
 
     def _spec(self, tensor: int) -> TensorInfo:
@@ -225,7 +251,7 @@ class _CheckBuffers:
 _CHECKS = _CheckBuffers(CHECK_BUFFERS)
 
 
-def _check_payload(payload: Payload, info: TensorInfo) -> float:
+def _check_payload(payload: Payload, info: TensorInfo) -> tuple[float, Parsed | None]:
     if payload.codec not in codec_names():
         raise BadContributionError(
             f"unknown codec {payload.codec!r}; this coordinator decodes {', '.join(codec_names())}"
@@ -237,8 +263,8 @@ def _check_payload(payload: Payload, info: TensorInfo) -> float:
             raise BadContributionError(f"chunk says codec {payload.codec}, payload is {framed}")
         # FP16/BF16/FP32 check block by block and Top-k its k values only: no buffer.
         if not needs_check_scratch(payload.data):
-            return check_payload(payload.data, shape=expected)
+            return check_payload_parsed(payload.data, shape=expected)
         with _CHECKS.borrow(expected) as values:  # a dense decode (EC-SGD)
-            return check_payload(payload.data, out=values)
+            return check_payload_parsed(payload.data, out=values)
     except PayloadError as exc:
         raise BadContributionError(f"{info.name}: {exc}") from exc

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skyfed.compression import decode_add_payload, make_codec
+from skyfed.compression import (
+    PayloadError,
+    check_payload,
+    check_payload_parsed,
+    decode_add_payload,
+    make_codec,
+)
 from skyfed.compression.base import BLOCK_NUMEL
 from skyfed.compression.frame import PayloadBuffer
 
@@ -171,3 +177,40 @@ def test_top_k_decodes_into_a_models_parameter(numel: int) -> None:
     with torch.no_grad():
         codec.decode_add(payload, weights, -1.0)
     assert torch.equal(weights.detach(), want)
+
+
+@pytest.mark.parametrize(("name", "params"), CODECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_adding_the_checks_parse_is_decode_add_bit_for_bit(name, params, dtype) -> None:
+    """What the coordinator's check on arrival keeps (``check_payload_parsed``) adds in
+    exactly what ``decode_add`` of the payload adds, whole and into a shard's strided
+    view, at every alpha (the power-of-two ``index_add_`` and the gather-add-scatter)."""
+    codec = make_codec(name, **params)
+    cases = [((7, 300), None), ((2 * BLOCK_NUMEL + 777,), None), ((6, 400), (1, 37, 300))]
+    for full_shape, shard in cases:
+        full = _randn(*full_shape, seed=5, dtype=dtype)
+        target = full if shard is None else full.narrow(*shard)
+        payload = bytes(codec.encode(_randn(*target.shape, seed=6) * 1e-2))
+        squares, parsed = check_payload_parsed(payload, shape=tuple(target.shape))
+        assert squares == check_payload(payload, shape=tuple(target.shape))
+        if name != "topk":
+            assert parsed is None  # a dense parse is the tensor: nothing is kept
+            continue
+        assert parsed is not None
+        for alpha in ALPHAS:
+            expected = full.clone()
+            decode_add_payload(
+                payload, expected if shard is None else expected.narrow(*shard), alpha
+            )
+            target = full if shard is None else full.narrow(*shard)
+            assert parsed.add_into(target, alpha) is target
+            assert torch.equal(_bits(full), _bits(expected)), (full_shape, shard, alpha)
+            full.copy_(_randn(*full_shape, seed=5, dtype=dtype))
+
+
+def test_a_kept_parse_refuses_an_accumulator_of_another_shape() -> None:
+    payload = bytes(make_codec("topk", density=0.05).encode(_randn(7, 300)))
+    _, parsed = check_payload_parsed(payload, shape=(7, 300))
+    assert parsed is not None
+    with pytest.raises(PayloadError, match="shape"):
+        parsed.add_into(torch.zeros(300, 7))

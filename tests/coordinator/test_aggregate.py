@@ -162,3 +162,44 @@ def test_lossy_payload_is_summed_as_decoded():
         c.stage(p)
     c.commit()
     assert torch.equal(agg.mean()[0], w.half().float())
+
+
+def test_the_mean_of_topk_contributions_adds_from_the_checks_parse(monkeypatch):
+    """The check on arrival parses each Top-k payload once; the close adds from that
+    parse and parses none again, and the mean is bit for bit decode-then-add's."""
+    from skyfed.compression.topk import TopK
+
+    parses = []
+    parse = TopK._parse
+    monkeypatch.setattr(TopK, "_parse", lambda self, *a: parses.append(1) or parse(self, *a))
+    gen = torch.Generator().manual_seed(11)
+    agg, reference = RoundAggregate(SPEC), [torch.zeros(t.shape) for t in SPEC]
+    for key, samples in (("b", 3), ("a", 128), ("c", 5)):
+        codec = make_codec("topk", density=0.05, dense_below=0)
+        c = agg.begin(samples, key)
+        for tensor, values, _ in parts(torch.randn(64, 48, generator=gen), torch.randn(64)):
+            p = payload(tensor, values, codec=codec)
+            c.check(p)
+            c.stage(p)
+        c.commit()
+    checked = len(parses)
+    assert checked == 6
+    means = agg.mean()
+    assert len(parses) == checked  # nothing parsed at the close
+    for c in sorted(agg._committed, key=lambda c: c.key):
+        for tensor, payloads in c.staged.items():
+            for p in payloads:
+                decoded = decode_payload(p.data, shape=SPEC[tensor].shape)
+                reference[tensor].add_(decoded, alpha=c.samples)
+    for ours, ref in zip(means, reference, strict=True):
+        assert torch.equal(ours, ref.div_(136))
+
+
+def test_a_checked_payload_of_a_withdrawn_contribution_keeps_no_parse():
+    agg = RoundAggregate(SPEC)
+    c = agg.begin(1, "a")
+    p = payload(0, torch.randn(64, 48), codec=make_codec("topk", density=0.05))
+    c.check(p)
+    c.withdraw()
+    c.stage(p)  # staged after the withdrawal: dropped, and its parse with it
+    assert not c.staged and not c.kept and not c._parsed
