@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -227,8 +228,21 @@ class _ElementwiseCodec(Codec):
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """``acc += alpha * s * c`` block by block: no full-size temporary."""
+        for _ in self.decode_add_pieces(payload, acc, alpha):
+            pass
+        return acc
+
+    def decode_add_pieces(
+        self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0
+    ) -> Iterator[None]:
+        """:meth:`decode_add` a piece at a time (:meth:`Codec.decode_add_pieces`)."""
         check_accumulator(acc)
         f, scale = self._parse(payload, tuple(acc.shape))
+        return self._add_pieces(f, scale, acc, alpha)
+
+    def _add_pieces(
+        self, f: frame.Frame, scale: float, acc: torch.Tensor, alpha: float
+    ) -> Iterator[None]:
         wire = self._wire_view(f.body)
         # The wire added as it is (torch widens each element exactly, then adds as it adds
         # float32: bit for bit, and 1.2x faster than a cast block first). Scaled, ``s``
@@ -243,7 +257,7 @@ class _ElementwiseCodec(Codec):
             if decoded is not None:
                 wire_b = decoded[: view.numel()].copy_(wire_b).mul_(scale)
             view.add_(wire_b.view(view.shape), alpha=alpha)
-        return acc
+            yield
 
     def _parse(self, payload: bytes, shape: tuple[int, ...] | None) -> tuple[frame.Frame, float]:
         """The checked frame and its scale; the body's length is checked against the

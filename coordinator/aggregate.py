@@ -25,9 +25,11 @@ from skyfed.compression import (
     check_payload,
     codec_names,
     decode_add_payload,
+    decode_add_pieces_payload,
     needs_check_scratch,
     payload_codec,
 )
+from skyfed.compression.base import pieces
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
@@ -70,12 +72,30 @@ class RoundAggregate:
             raise RuntimeError("no contribution was committed this round")
         if tuple(out.shape) != self.spec[tensor].shape or out.dtype != torch.float32:
             raise ValueError(f"out must be float32 {list(self.spec[tensor].shape)}")
+        terms = [
+            (payload, contribution.samples * contribution.factor)
+            for contribution in sorted(self._committed, key=lambda c: c.key)
+            for payload in contribution.staged.get(tensor, ())
+        ]
+        if out.is_contiguous() and all(payload.shard is None for payload, _ in terms):
+            steps = [decode_add_pieces_payload(p.data, out, alpha) for p, alpha in terms]
+            if all(step is not None for step in steps):
+                return self._mean_by_pieces(out, steps)
         out.zero_()
-        for contribution in sorted(self._committed, key=lambda c: c.key):
-            for payload in contribution.staged.get(tensor, ()):
-                alpha = contribution.samples * contribution.factor
-                decode_add_payload(payload.data, _narrow(out, payload.shard), alpha)
+        for payload, alpha in terms:
+            decode_add_payload(payload.data, _narrow(out, payload.shard), alpha)
         return out.div_(self.total_samples)
+
+    def _mean_by_pieces(self, out: torch.Tensor, steps: list[Iterator[None]]) -> torch.Tensor:
+        """The same sum, one piece of ``out`` at a time: zeroed, every term added in key
+        order, divided, while the piece is in cache (one pass over ``out``, not one per
+        term and two more; each element sees the same operations in the same order)."""
+        for _, view in pieces(out):
+            view.zero_()
+            for step in steps:
+                next(step)
+            view.div_(self.total_samples)
+        return out
 
     def mean(self) -> list[torch.Tensor]:
         """Every tensor's mean, in new tensors (tests and small models; the federation
