@@ -170,6 +170,8 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
             "--checkpoint-dir": ckpt_dir,
             "--round-deadline-s": 600,
         }
+        if args.max_chunk_bytes:
+            flags["--max-chunk-bytes"] = args.max_chunk_bytes
         coordinator = kids.start("coordinator", command("coordinator", "serve", *_argv(flags)), env)
         seen, watcher = watch(kids, status_file, ckpt_dir, stop)
         port = int(wait_for_file(work / "port", 300, coordinator))
@@ -301,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="Keep each run's directory (logs) under here.")
     parser.add_argument(
         "--local-steps", type=int, default=1, help="Agents' local steps per round (default 1)."
+    )
+    parser.add_argument(
+        "--max-chunk-bytes",
+        type=int,
+        default=0,
+        help="The coordinator's chunk bound, both directions (0: its default).",
     )
     parser.add_argument(
         "--phases",

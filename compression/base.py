@@ -82,6 +82,18 @@ class Codec(ABC):
         check_accumulator(acc)
         return acc.add_(self.decode(payload, shape=tuple(acc.shape)), alpha=alpha)
 
+    def decode_add_pieces(
+        self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0
+    ) -> Iterator[None] | None:
+        """:meth:`decode_add` one piece of :func:`pieces` ``(acc)`` at a time: each
+        ``next`` adds the next piece and the sum is the same bit for bit; None where the
+        codec does not add piece by piece (it scatters, or decodes across the tensor).
+
+        So a sum of several payloads can take every term of one piece while the piece is
+        in cache, not each term over the whole tensor in turn (the coordinator's mean,
+        docs/scale.md). The payload's frame is checked now, before the first ``next``."""
+        return None
+
     def check_squares(
         self,
         payload: bytes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -48,6 +49,9 @@ class _ElementwiseCodec(Codec):
     wire_dtype: torch.dtype
     bounded_release = True
     check_scratch = False
+    peak_first = False
+    """Whether encoding with feedback finds ``p``'s peak before it casts
+    (:meth:`_peak_then_cast`): for a codec whose scale depends on it (FP16)."""
 
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
@@ -79,6 +83,8 @@ class _ElementwiseCodec(Codec):
         """Fill ``wire`` and ``e = e' `` (``e`` holds the residual when ``summed``): the
         plain cast in one pass; where the whole tensor turns out to need a scale (FP16
         underflow, common for pseudo-gradients), one more pass redoes it scaled."""
+        if self.peak_first:
+            return self._peak_then_cast(g, e, summed, wire)
         decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
         peak = 0.0
         for start in blocks(g.numel()):
@@ -96,6 +102,38 @@ class _ElementwiseCodec(Codec):
         scale = fp16_scale(peak)
         if scale != 1.0:
             self._rescale(g, e, summed, wire, scale)
+        return scale
+
+    def _peak_then_cast(
+        self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor
+    ) -> float:
+        """:meth:`_fused_feedback`'s result in two passes, the scale known before any
+        cast: ``p`` (in the residual's memory) and its peak, then the one cast the peak
+        calls for and ``e' = p - D(c)``. The same bits: ``p``, ``s``, ``c`` and ``e'``
+        are computed by the same operations, only a scaled tensor's plain cast (and
+        ``p``'s recovery from it) is never made: 7 block operations where the fused loop
+        and its rescale take 12, for one more pass over the residual's memory where the
+        plain cast stands (docs/scale.md)."""
+        n = g.numel()
+        peak = 0.0
+        for start in blocks(n):
+            stop = min(start + BLOCK_NUMEL, n)
+            p_b = e[start:stop].add_(g[start:stop]) if summed else g[start:stop]
+            peak = max(peak, self._block_peak(p_b))
+        if self._overflows(peak):  # every block holds p: the slow path from the start
+            return self._feedback_slowly(g, e, summed, wire, done=0, inside=n)
+        scale = 1.0 if self._plain_cast_holds(peak) else fp16_scale(peak)
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
+        for start in blocks(n):
+            stop = min(start + BLOCK_NUMEL, n)
+            p_b = (e if summed else g)[start:stop]
+            e_b, wire_b, d_b = e[start:stop], wire[start:stop], decoded[: stop - start]
+            if scale == 1.0:  # as the fused loop
+                wire_b.copy_(p_b)
+                torch.sub(p_b, d_b.copy_(wire_b), out=e_b)
+            else:  # as _rescale
+                wire_b.copy_(torch.mul(p_b, 1.0 / scale, out=d_b))
+                torch.sub(p_b, d_b.copy_(wire_b).mul_(scale), out=e_b)
         return scale
 
     def _rescale(
@@ -227,8 +265,21 @@ class _ElementwiseCodec(Codec):
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """``acc += alpha * s * c`` block by block: no full-size temporary."""
+        for _ in self.decode_add_pieces(payload, acc, alpha):
+            pass
+        return acc
+
+    def decode_add_pieces(
+        self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0
+    ) -> Iterator[None]:
+        """:meth:`decode_add` a piece at a time (:meth:`Codec.decode_add_pieces`)."""
         check_accumulator(acc)
         f, scale = self._parse(payload, tuple(acc.shape))
+        return self._add_pieces(f, scale, acc, alpha)
+
+    def _add_pieces(
+        self, f: frame.Frame, scale: float, acc: torch.Tensor, alpha: float
+    ) -> Iterator[None]:
         wire = self._wire_view(f.body)
         # The wire added as it is (torch widens each element exactly, then adds as it adds
         # float32: bit for bit, and 1.2x faster than a cast block first). Scaled, ``s``
@@ -243,7 +294,7 @@ class _ElementwiseCodec(Codec):
             if decoded is not None:
                 wire_b = decoded[: view.numel()].copy_(wire_b).mul_(scale)
             view.add_(wire_b.view(view.shape), alpha=alpha)
-        return acc
+            yield
 
     def _parse(self, payload: bytes, shape: tuple[int, ...] | None) -> tuple[frame.Frame, float]:
         """The checked frame and its scale; the body's length is checked against the
@@ -335,6 +386,7 @@ class Fp16(_ElementwiseCodec):
     name = "fp16"
     wire_id = 1
     wire_dtype = torch.float16
+    peak_first = True
 
     def _block_peak(self, p_block: torch.Tensor) -> float:
         low, high = torch.aminmax(p_block)

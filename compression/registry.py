@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -93,6 +93,15 @@ def decode_add_payload(payload: bytes, acc: torch.Tensor, alpha: float = 1.0) ->
     the frame must have ``acc``'s shape; ``acc`` (float32 or float64, a shard's view is
     fine) is returned."""
     return _decoder(payload).decode_add(payload, acc, alpha)
+
+
+def decode_add_pieces_payload(
+    payload: bytes, acc: torch.Tensor, alpha: float = 1.0
+) -> Iterator[None] | None:
+    """:meth:`Codec.decode_add_pieces` by the codec its frame names: ``acc += alpha *
+    D(payload)`` one piece of ``pieces(acc)`` per ``next``, or None where that codec
+    adds only whole (then :func:`decode_add_payload`)."""
+    return _decoder(payload).decode_add_pieces(payload, acc, alpha)
 
 
 def check_payload(

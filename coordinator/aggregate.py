@@ -31,9 +31,11 @@ from skyfed.compression import (
     check_payload_parsed,
     codec_names,
     decode_add_payload,
+    decode_add_pieces_payload,
     needs_check_scratch,
     payload_codec,
 )
+from skyfed.compression.base import pieces
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
@@ -76,17 +78,37 @@ class RoundAggregate:
             raise RuntimeError("no contribution was committed this round")
         if tuple(out.shape) != self.spec[tensor].shape or out.dtype != torch.float32:
             raise ValueError(f"out must be float32 {list(self.spec[tensor].shape)}")
+        terms = [
+            (payload, parsed, contribution.samples * contribution.factor)
+            for contribution in sorted(self._committed, key=lambda c: c.key)
+            for payload, parsed in zip(
+                contribution.staged.get(tensor, ()), contribution.kept.get(tensor, ()), strict=True
+            )
+        ]
+        # Elementwise payloads (nothing kept by their check) sum piece by piece.
+        if out.is_contiguous() and all(p.shard is None and k is None for p, k, _ in terms):
+            steps = [decode_add_pieces_payload(p.data, out, alpha) for p, _, alpha in terms]
+            if all(step is not None for step in steps):
+                return self._mean_by_pieces(out, steps)
         out.zero_()
-        for contribution in sorted(self._committed, key=lambda c: c.key):
-            kept = contribution.kept.get(tensor, ())
-            for payload, parsed in zip(contribution.staged.get(tensor, ()), kept, strict=True):
-                alpha = contribution.samples * contribution.factor
-                into = _narrow(out, payload.shard)
-                if parsed is None:
-                    decode_add_payload(payload.data, into, alpha)
-                else:  # the check's parse (Top-k): bit for bit the decode_add above
-                    parsed.add_into(into, alpha)
+        for payload, parsed, alpha in terms:
+            into = _narrow(out, payload.shard)
+            if parsed is None:
+                decode_add_payload(payload.data, into, alpha)
+            else:  # the check's parse (Top-k): bit for bit the decode_add above
+                parsed.add_into(into, alpha)
         return out.div_(self.total_samples)
+
+    def _mean_by_pieces(self, out: torch.Tensor, steps: list[Iterator[None]]) -> torch.Tensor:
+        """The same sum, one piece of ``out`` at a time: zeroed, every term added in key
+        order, divided, while the piece is in cache (one pass over ``out``, not one per
+        term and two more; each element sees the same operations in the same order)."""
+        for _, view in pieces(out):
+            view.zero_()
+            for step in steps:
+                next(step)
+            view.div_(self.total_samples)
+        return out
 
     def mean(self) -> list[torch.Tensor]:
         """Every tensor's mean, in new tensors (tests and small models; the federation

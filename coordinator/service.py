@@ -53,7 +53,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
         session.merge = Merge(
-            lambda m: self._handle(session, serde.agent_message_from_proto(m)),
+            lambda m: self._handle(session, _ours(m)),
             max_held_bytes=self._max_held_bytes(),
         )
         log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
@@ -127,9 +127,14 @@ class FederationServicer(pb_grpc.FederationServicer):
         try:
             for data in requests:
                 session.last_seen = time.monotonic()
+                # A chunk is read without protobuf, its data a view of what arrived
+                # (serde.agent_chunk_from_bytes); anything else is parsed. Held out of
+                # order, either weighs its bytes as received.
+                fast = serde.agent_chunk_from_bytes(data)
+                if fast is not None:
+                    session.merge.add(*fast, len(data))
+                    continue
                 message = serde.parse(pb.AgentMessage, data)
-                # Held out of order, it weighs its bytes as received (reading the
-                # chunk's data to measure it would copy the data).
                 session.merge.add(message.order, message, len(data))
         except FederationError as exc:
             self._refused(session, exc)
@@ -146,11 +151,16 @@ class FederationServicer(pb_grpc.FederationServicer):
         assert session.merge is not None
         try:
             for data in requests:
-                message = serde.parse(pb.AgentMessage, data)
-                if message.WhichOneof("body") != "chunk" or not message.order:
+                fast = serde.agent_chunk_from_bytes(data)
+                if fast is not None:
+                    order, message = fast
+                else:
+                    message = serde.parse(pb.AgentMessage, data)
+                    order = message.order if message.WhichOneof("body") == "chunk" else 0
+                if not order:
                     raise ProtocolError("a stripe carries numbered chunks only")
                 session.last_seen = time.monotonic()
-                session.merge.add(message.order, message, len(data))
+                session.merge.add(order, message, len(data))
         except FederationError as exc:
             self._refused(session, exc)
         except grpc.RpcError:
@@ -237,3 +247,9 @@ def serve_federation(
     }
     service = pb.DESCRIPTOR.services_by_name["Federation"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+
+
+def _ours(m: pb.AgentMessage | Chunk) -> AgentMessage | None:
+    """What a session's merge delivers, as our message: a chunk the reader read without
+    protobuf already is one (and was checked), anything else is converted and checked."""
+    return m if isinstance(m, Chunk) else serde.agent_message_from_proto(m)

@@ -8,7 +8,7 @@ at the stream. Our field names are the messages' own, so most conversions copy b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -230,6 +230,7 @@ def serialized(m: pb.CoordinatorMessage) -> Serialized:
 
 _AGENT_CHUNK_FIELD = pb.AgentMessage.DESCRIPTOR.fields_by_name["chunk"].number
 _COORDINATOR_CHUNK_FIELD = pb.CoordinatorMessage.DESCRIPTOR.fields_by_name["chunk"].number
+_ORDER_FIELD = pb.AgentMessage.DESCRIPTOR.fields_by_name["order"].number
 
 
 def _varint(value: int) -> bytes:
@@ -291,6 +292,139 @@ def serialized_agent_chunk(c: Chunk) -> Serialized:
     """``AgentMessage{chunk: c}`` serialized, without building the message; its data is
     joined in when the stream sends it."""
     return _chunk_parts(_AGENT_CHUNK_FIELD, c)
+
+
+# ---- an agent's chunk, parsed without a message -----------------------------------------
+# A reader parsing each 1 MiB uplink chunk with protobuf copies its data twice (the parse,
+# then the ``data`` field), before the assembler's own copy (docs/scale.md). What agents
+# send (``serialized_agent_chunk``, ``numbered`` on a stripe) is read here straight from
+# the received bytes, its data a view of them. Strict: a field out of place, repeated,
+# unknown or of another wire type, a value beyond its field's range, a length past the
+# end: None, and protobuf parses it as before (so it alone says what a bad message is).
+
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
+# Chunk's fields: number -> (name, wire type, kind); varint kinds: "u32", "i64", "enum".
+_CHUNK_FIELDS = {
+    1: ("kind", 0, "enum"),
+    2: ("round", 0, "i64"),
+    3: ("tensor", 0, "u32"),
+    4: ("shard", 2, "shard"),
+    5: ("codec", 2, "str"),
+    6: ("seq", 0, "u32"),
+    7: ("part", 0, "u32"),
+    8: ("parts", 0, "u32"),
+    9: ("data", 2, "bytes"),
+    10: ("crc32", 5, "fixed32"),
+}
+_SHARD_FIELDS = {1: "u32", 2: "i64", 3: "i64"}
+
+
+def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """A varint at ``pos`` and the position after it; ValueError past ``end`` or 10 bytes."""
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if value > _U64:
+                raise ValueError("varint")
+            return value, pos
+        shift += 7
+
+
+def _varint_value(value: int, kind: str) -> int:
+    """A varint as its field's type reads it; ValueError where protobuf would read it
+    otherwise than as the number itself (a wider value in a 32-bit field)."""
+    if kind == "i64":
+        return value - (1 << 64) if value >> 63 else value
+    if kind == "enum":  # an int32: its negative values are sign-extended to 64 bits
+        if value >> 31:
+            raise ValueError("enum")
+        return value
+    if value > _U32:
+        raise ValueError("uint32")
+    return value
+
+
+def _fields(
+    buf: memoryview, pos: int, end: int, allowed: dict[int, int]
+) -> Iterator[tuple[int, Any]]:
+    """``(number, wire type, value or (start, stop))`` of each field in ``buf[pos:end]``,
+    each number at most once, of its one wire type; ValueError otherwise."""
+    seen = set()
+    while pos < end:
+        key, pos = _read_varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if allowed.get(number) != wire or number in seen:
+            raise ValueError("field")
+        seen.add(number)
+        if wire == 0:
+            value, pos = _read_varint(buf, pos, end)
+            yield number, value
+        elif wire == 2:
+            length, pos = _read_varint(buf, pos, end)
+            if length > end - pos:
+                raise ValueError("length")
+            yield number, (pos, pos + length)
+            pos += length
+        else:  # 5: fixed32
+            if end - pos < 4:
+                raise ValueError("fixed32")
+            yield number, int.from_bytes(buf[pos : pos + 4], "little")
+            pos += 4
+
+
+def agent_chunk_from_bytes(data: bytes) -> tuple[int, Chunk] | None:
+    """``(order, chunk)`` for an ``AgentMessage`` that is one chunk (and maybe its
+    ``order``), read without protobuf: the chunk's data is a view of ``data``, not a
+    copy; bounds checked as :func:`agent_message_from_proto` checks them. None for any
+    other message, or any encoding this reader does not take (protobuf then parses it)."""
+    buf = memoryview(data)
+    try:
+        order, body = 0, None
+        for number, value in _fields(buf, 0, len(buf), {_AGENT_CHUNK_FIELD: 2, _ORDER_FIELD: 0}):
+            if number == _ORDER_FIELD:
+                order = value  # uint64
+            else:
+                body = value
+        if body is None:
+            return None
+        got: dict[str, Any] = {}
+        wires = {n: w for n, (_, w, _) in _CHUNK_FIELDS.items()}
+        for number, value in _fields(buf, body[0], body[1], wires):
+            name, _, kind = _CHUNK_FIELDS[number]
+            if kind == "bytes":
+                got[name] = buf[value[0] : value[1]]
+            elif kind == "str":
+                got[name] = bytes(buf[value[0] : value[1]]).decode("utf-8")
+            elif kind == "shard":
+                shard = {1: 0, 2: 0, 3: 0}
+                for n, v in _fields(buf, value[0], value[1], dict.fromkeys(_SHARD_FIELDS, 0)):
+                    shard[n] = _varint_value(v, _SHARD_FIELDS[n])
+                got[name] = (shard[1], shard[2], shard[3])
+            elif kind == "fixed32":
+                got[name] = value
+            else:
+                got[name] = _varint_value(value, kind)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    chunk = Chunk(
+        kind=got.get("kind", 0),
+        round=got.get("round", 0),
+        tensor=got.get("tensor", 0),
+        shard=got.get("shard"),
+        codec=got.get("codec", ""),
+        seq=got.get("seq", 0),
+        part=got.get("part", 0),
+        parts=got.get("parts", 0),
+        data=got.get("data", b""),
+        crc32=got.get("crc32", 0),
+    )
+    check_agent_message(chunk)
+    return order, chunk
 
 
 def numbered(m: Serialized, position: int) -> Serialized:

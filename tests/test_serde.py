@@ -197,3 +197,67 @@ def test_chunks_cut_as_views_of_a_payload_are_the_chunks_cut_as_copies(size: int
 
 
 CUT = dict(kind=1, round=5, first_seq=11, max_chunk_bytes=4096)
+
+
+def _protobufs_reading(data: bytes) -> tuple[int, object] | str:
+    """What the reader made of ``data`` before the direct read: (order, message), or the
+    error's kind."""
+    try:
+        m = serde.parse(pb.AgentMessage, data)
+        return m.order, serde.agent_message_from_proto(m)
+    except ProtocolError as exc:
+        return f"refused: {type(exc).__name__}"
+
+
+@pytest.mark.parametrize("chunk", _chunks())
+def test_an_agents_chunk_read_without_protobuf_is_protobufs_chunk_its_data_a_view(chunk) -> None:
+    for message in (
+        serde.serialized_agent_chunk(chunk),
+        serde.numbered(serde.serialized_agent_chunk(chunk), 7),
+    ):
+        data = serde.agent_message_bytes(message)
+        order, ours = serde.agent_chunk_from_bytes(data)
+        assert (order, ours) == _protobufs_reading(data)
+        if len(chunk.data):
+            assert isinstance(ours.data, memoryview) and ours.data.obj is data  # no copy
+
+
+def test_what_the_direct_read_takes_protobuf_reads_the_same_and_the_rest_goes_to_protobuf():
+    """Mutated, truncated, reordered, repeated and foreign messages: the direct read
+    either declines (None: protobuf parses it, and alone says what is wrong) or gives
+    exactly protobuf's chunk and order, and refuses (ProtocolError) only what the
+    checks after protobuf refuse too."""
+    rng = np.random.default_rng(21)
+    seeds = [serde.agent_message_bytes(serde.serialized_agent_chunk(c)) for c in _chunks()[:9]]
+    seeds += [
+        pb.AgentMessage(chunk=pb.Chunk(round=3, data=b"ab"), order=5).SerializeToString(),
+        pb.AgentMessage(order=2, chunk=pb.Chunk(codec="fp16")).SerializeToString()[::-1],
+        pb.AgentMessage(heartbeat=pb.Heartbeat(sent_ns=3)).SerializeToString(),
+        pb.AgentMessage(chunk=pb.Chunk(kind=7, round=2**60)).SerializeToString(),
+        b"",
+    ]
+    taken = declined = 0
+    for seed in seeds:
+        for _ in range(300):
+            data = bytearray(seed)
+            what = rng.integers(4)
+            if what == 0 and data:  # flip a byte
+                data[rng.integers(len(data))] = rng.integers(256)
+            elif what == 1 and data:  # cut it short
+                data = data[: rng.integers(len(data))]
+            elif what == 2:  # a field more (a repeat, an unknown one, another order)
+                data += bytes(rng.integers(256, size=rng.integers(1, 6)).tolist())
+            else:  # a chunk's field written twice (the merge protobuf reads)
+                data = data + data
+            data = bytes(data)
+            try:
+                fast = serde.agent_chunk_from_bytes(data)
+            except ProtocolError:
+                assert str(_protobufs_reading(data)).startswith("refused")
+                continue
+            if fast is None:
+                declined += 1
+                continue
+            taken += 1
+            assert fast == _protobufs_reading(data)
+    assert taken > 100 and declined > 100

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skyfed.compression import codec_names, decode_payload, make_codec
+from skyfed.compression import codec_names, decode_add_payload, decode_payload, make_codec
+from skyfed.compression.base import BLOCK_NUMEL
 from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
@@ -203,3 +204,34 @@ def test_a_checked_payload_of_a_withdrawn_contribution_keeps_no_parse():
     c.withdraw()
     c.stage(p)  # staged after the withdrawal: dropped, and its parse with it
     assert not c.staged and not c.kept and not c._parsed
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp32"])
+def test_the_mean_taken_piece_by_piece_is_bit_for_bit_the_mean_taken_term_by_term(name):
+    """The elementwise codecs' mean takes every term of one piece while it is in cache
+    (``RoundAggregate._mean_by_pieces``); the sum is the plain loop's, each term over the
+    whole tensor in key order then the division, bit for bit: several pieces and a tail,
+    a scaled FP16 payload (values under FP16's least normal) with a clipped factor, and
+    samples that do not divide evenly."""
+    numel = 2 * BLOCK_NUMEL + 1237
+    spec = [TensorInfo("w", (numel,), "float32")]
+    gen = torch.Generator().manual_seed(11)
+    agg = RoundAggregate(spec)
+    for key, samples, size, factor in (
+        ("gcp", 5, 1.0, 1.0),
+        ("aws", 2, 1e-6, 0.3),
+        ("azure", 7, 3.0, 1.0),
+    ):
+        c = agg.begin(samples, key)
+        p = payload(0, torch.randn(numel, generator=gen) * size, codec=make_codec(name))
+        c.check(p)
+        c.stage(p)
+        c.commit()
+        c.scale(factor)
+    ours = agg.mean_into(0, torch.full((numel,), float("nan")))
+    reference = torch.zeros(numel)
+    for c in sorted(agg._committed, key=lambda c: c.key):
+        for p in c.staged[0]:
+            decode_add_payload(p.data, reference, c.samples * c.factor)
+    reference.div_(agg.total_samples)
+    assert torch.equal(ours.view(torch.int32), reference.view(torch.int32))
