@@ -17,7 +17,13 @@ Per run it prints medians over the rounds after the first:
   ``lan``, which has no rate, at the lab's TCP ceiling measured in the same run);
 - round s: the round's duration as the coordinator reports it;
 - bare TCP s: one fresh plain TCP connection moving the same bytes up, then another down,
-  on aws-1's link in the same lab after the federation finished (same congestion control).
+  on aws-1's link in the same lab after the federation finished (same congestion control);
+- warm TCP s: on the same link after it, one mutual-TLS connection with the federation's
+  certificates, kept open: per round the agent's end sends a link's upload bytes and the
+  coordinator's end answers with its broadcast bytes once all are in, ``WARM_ROUNDS``
+  rounds a training's median apart after ``WARM_UP`` untimed ones; the median. What the
+  link (its loss recovery included) and TLS on this host take for a round's bytes on a
+  connection as warm as a session's: the reference for skyfed's share of an exchange.
 
 ``--streams auto`` (the default) runs at the coordinator's default N (the monitor's
 choice once striped sessions are there, else one stream; the settings say which); a
@@ -65,6 +71,10 @@ AGENTS = ("aws-1", "gcp-1", "azure-1")
 PROFILES = ("lan", "far-clean", "cross-region", "transpacific")
 TASK = "skyfed.tasks.examples:wide?params={params}"
 BARE_PORT = 47100
+WARM_PORT = 47101
+WARM_UP = 2
+"""Untimed rounds that open the warm connection's windows before the timed ones."""
+WARM_ROUNDS = 6
 DEFAULTS = {"overlap": "off", "cc": "bbr"}
 """The settings the last line's worst case is taken over (see the module docstring)."""
 
@@ -81,6 +91,8 @@ class Row:
     floor_s: float = float("nan")
     round_s: float = float("nan")
     bare_s: float = float("nan")
+    warm_s: float = float("nan")
+    """A round's bytes over one warm TLS connection (``warm_tcp_s``)."""
     mb_up: float = float("nan")
     """Per link per round, MB."""
     mb_down: float = float("nan")
@@ -103,6 +115,10 @@ class Row:
     @property
     def ratio(self) -> float:
         return self.exchange_s / self.floor_s if self.floor_s > 0 else float("nan")
+
+    @property
+    def warm_ratio(self) -> float:
+        return self.exchange_s / self.warm_s if self.warm_s > 0 else float("nan")
 
     @property
     def default(self) -> bool:
@@ -201,6 +217,7 @@ def run_one(
             row.bare_s = bare_tcp_s(lab, AGENTS[0], int(up), True) + bare_tcp_s(
                 lab, AGENTS[0], int(down), False
             )
+            row.warm_s = warm_tcp_s(lab, fed.certs, AGENTS[0], int(up), int(down), row.train_s)
     return row
 
 
@@ -249,6 +266,47 @@ def bare_tcp_s(lab: Lab, agent: str, nbytes: int, upward: bool) -> float:
     finally:
         sink.kill()
         sink.wait()
+
+
+def warm_tcp_s(lab: Lab, certs: Path, agent: str, up: int, down: int, idle_s: float) -> float:
+    """Median seconds of a round's bytes over one warm mTLS connection on ``agent``'s link:
+    ``up`` from the agent, answered by ``down`` once they are in, ``idle_s`` apart."""
+    addr = str(lab.address(COORDINATOR))
+    probe = [sys.executable, "-m", "skyfed.lab.probe"]
+    tls = ["--port", str(WARM_PORT), "--certs", str(certs), "--duration-s", "600"]
+    server = subprocess.Popen(
+        lab.hosts[COORDINATOR].exec_argv(
+            [*probe, "tls-respond", "--bind", addr, "--name", COORDINATOR, *tls]
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()  # ready
+        rounds = ["--up", str(up), "--down", str(down), "--idle-s", f"{idle_s:.3f}"]
+        rounds += ["--rounds", str(WARM_ROUNDS), "--warmup", str(WARM_UP)]
+        out = subprocess.run(
+            lab.hosts[agent].exec_argv(
+                [*probe, "tls-rounds", "--to", addr, "--name", agent, *tls, *rounds]
+            ),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=900,
+        ).stdout
+        result = json.loads(out.splitlines()[-1])
+        return timed_median(result["seconds"], result["warmup"])
+    finally:
+        server.kill()
+        server.wait()
+
+
+def timed_median(seconds: list[float], warmup: int) -> float:
+    """The median of the rounds after the first ``warmup`` (NaN if none is left): the warm
+    connection's steady state, as the federation's medians skip round 0."""
+    timed = seconds[warmup:]
+    return statistics.median(timed) if timed else float("nan")
 
 
 def check_under_load(args: argparse.Namespace) -> list[str]:
@@ -428,9 +486,9 @@ def table(rows: list[Row]) -> list[str]:
     every process on the same cores)."""
     lines = [
         "| profile | settings | MB up/down per link | training s | exchange s | floor s "
-        "| exchange/floor | round s | bare TCP s | exchange / max(floor, lan exchange) "
-        "| round / max(training, exchange) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| exchange/floor | round s | bare TCP s | warm TCP s | exchange / warm TCP "
+        "| exchange / max(floor, lan exchange) | round / max(training, exchange) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lan = next(
@@ -443,14 +501,14 @@ def table(rows: list[Row]) -> list[str]:
             bound = max(r.train_s, sibling.exchange_s) if sibling else float("nan")
             lines.append(
                 f"| {r.profile} | {r.settings} | {r.mb_up:.2f}/{r.mb_down:.2f} | {r.train_s:.2f} "
-                f"| (overlapped) | {r.floor_s:.2f} | | {r.round_s:.2f} | {r.bare_s:.2f} | "
-                f"| {r.round_s / bound:.2f}x |"
+                f"| (overlapped) | {r.floor_s:.2f} | | {r.round_s:.2f} | {r.bare_s:.2f} "
+                f"| {r.warm_s:.2f} | | | {r.round_s / bound:.2f}x |"
             )
             continue
         lines.append(
             f"| {r.profile} | {r.settings} | {r.mb_up:.2f}/{r.mb_down:.2f} | {r.train_s:.2f} "
             f"| {r.exchange_s:.2f} | {r.floor_s:.2f} | {r.ratio:.2f}x | {r.round_s:.2f} "
-            f"| {r.bare_s:.2f} | {cpu} | |"
+            f"| {r.bare_s:.2f} | {r.warm_s:.2f} | {r.warm_ratio:.2f}x | {cpu} | |"
         )
     return lines
 
@@ -470,6 +528,19 @@ def far_worst_line(rows: list[Row]) -> list[str]:
     worst = max(far, key=lambda r: r.ratio)
     return [
         f"worst exchange/floor of a far link: {worst.ratio:.2f}x ({worst.profile}, {worst.settings})"
+    ]
+
+
+def warm_worst_line(rows: list[Row]) -> list[str]:
+    """The worst exchange against warm TCP at default settings off ``lan`` (there both are
+    the host's CPU): how far skyfed is from what the link itself gives a warm connection."""
+    far = [r for r in rows if r.default and r.profile != "lan" and r.warm_s > 0]
+    if not far:
+        return []
+    worst = max(far, key=lambda r: r.warm_ratio)
+    return [
+        f"worst exchange/warm TCP of a far link: {worst.warm_ratio:.2f}x "
+        f"({worst.profile}, {worst.settings})"
     ]
 
 
@@ -599,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             if r.phases is not None:
                 lines += [*phases.table(r.phases, f"{r.profile}, {r.settings}"), ""]
-        lines += [*far_worst_line(rows), worst_line(rows)]
+        lines += [*warm_worst_line(rows), *far_worst_line(rows), worst_line(rows)]
     print("\n".join(lines))
     if args.record:
         print(f"recorded in {record('wan', args.record, raw, lines)}", file=sys.stderr)

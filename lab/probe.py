@@ -1,4 +1,5 @@
-"""Measurement tools run inside lab namespaces: UDP echo and ping, UDP blast and sink, TCP bulk.
+"""Measurement tools run inside lab namespaces: UDP echo and ping, UDP blast and sink, TCP bulk,
+TLS request-response rounds over one warm connection.
 
 Run as ``python -m skyfed.lab.probe TOOL ...``; servers print ``ready`` once bound, and
 every tool that measures prints one JSON line of results. The tools run at real-time
@@ -14,6 +15,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -24,6 +26,8 @@ from skyfed.lab.forwarder import RT_PRIORITY
 PROBE = struct.Struct("!Id")
 """Probe payload head: sequence number, send time (client clock)."""
 PROBE_SIZE = 64
+ROUND_HEAD = struct.Struct("!QQ")
+"""A TLS round's request head: bytes that follow it up, bytes to answer down."""
 UDP_IP_OVERHEAD = 28
 RCVBUF = 8 << 20
 SO_RCVBUFFORCE = 33
@@ -152,6 +156,72 @@ def tcp_send(args: argparse.Namespace) -> None:
     _result({"bytes": sent, "seconds": time.monotonic() - start})
 
 
+def _tls_context(certs: str, name: str, server: bool) -> ssl.SSLContext:
+    """Mutual TLS with the federation's files (``ca.crt``, ``NAME.crt``/``.key``), as its
+    gRPC channels have: a handshake that proves the same certificates, not a plain socket."""
+    purpose = ssl.Purpose.CLIENT_AUTH if server else ssl.Purpose.SERVER_AUTH
+    ctx = ssl.create_default_context(purpose, cafile=os.path.join(certs, "ca.crt"))
+    ctx.load_cert_chain(os.path.join(certs, f"{name}.crt"), os.path.join(certs, f"{name}.key"))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _read_exactly(conn: ssl.SSLSocket, nbytes: int, buf: bytearray) -> int:
+    """Read ``nbytes`` into ``buf`` (reused, so a round costs no allocation); bytes read."""
+    view, got = memoryview(buf), 0
+    while got < nbytes:
+        n = conn.recv_into(view, min(len(buf), nbytes - got))
+        if not n:
+            break
+        got += n
+    return got
+
+
+def tls_respond(args: argparse.Namespace) -> None:
+    """Accept one mTLS connection; per request (head, then its bytes), once all of them are
+    in, answer with the bytes the head asks for; until the peer closes."""
+    ctx = _tls_context(args.certs, args.name, server=True)
+    server = socket.create_server((args.bind, args.port))
+    _ready()
+    server.settimeout(args.duration_s)
+    raw, _ = server.accept()
+    raw.settimeout(args.duration_s)
+    with ctx.wrap_socket(raw, server_side=True) as conn:
+        buf = bytearray(1 << 20)
+        while _read_exactly(conn, ROUND_HEAD.size, buf) == ROUND_HEAD.size:
+            up, down = ROUND_HEAD.unpack_from(buf)
+            if _read_exactly(conn, up, buf) < up:
+                break
+            block = bytes(1 << 16)
+            for start in range(0, down, len(block)):
+                conn.sendall(block[: min(len(block), down - start)])
+
+
+def tls_rounds(args: argparse.Namespace) -> None:
+    """Over one mTLS connection, ``--warmup`` then ``--rounds`` request-responses of
+    ``--up`` bytes answered by ``--down`` bytes, ``--idle-s`` apart (a round's training);
+    each timed from the request's first byte to the answer's last. The warm-up rounds
+    (untimed in the median the bench takes) open the windows, as a session's first rounds do."""
+    ctx = _tls_context(args.certs, args.name, server=False)
+    raw = socket.create_connection((args.to, args.port), timeout=10)
+    raw.settimeout(args.duration_s)
+    seconds = []
+    with ctx.wrap_socket(raw, server_hostname=args.to) as conn:
+        block, buf = bytes(1 << 16), bytearray(1 << 20)
+        for i in range(args.warmup + args.rounds):
+            if i:
+                time.sleep(args.idle_s)
+            start = time.monotonic()
+            conn.sendall(ROUND_HEAD.pack(args.up, args.down))
+            for sent in range(0, args.up, len(block)):
+                conn.sendall(block[: min(len(block), args.up - sent)])
+            got = _read_exactly(conn, args.down, buf)
+            seconds.append(time.monotonic() - start)
+            if got < args.down:
+                raise SystemExit(f"tls-rounds: the answer ended after {got} of {args.down} bytes")
+    _result({"seconds": seconds, "warmup": args.warmup})
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m skyfed.lab.probe", description=__doc__)
     tools = parser.add_subparsers(dest="tool", required=True)
@@ -162,13 +232,15 @@ def _parser() -> argparse.ArgumentParser:
         "blast": blast,
         "tcp-sink": tcp_sink,
         "tcp-send": tcp_send,
+        "tls-respond": tls_respond,
+        "tls-rounds": tls_rounds,
     }
     for name, func in tool_funcs.items():
         sub = tools.add_parser(name, help=func.__doc__)
         sub.set_defaults(func=func)
         sub.add_argument("--port", type=int, required=True)
         sub.add_argument("--duration-s", type=float, default=30.0)
-        if name in ("echo", "sink", "tcp-sink"):
+        if name in ("echo", "sink", "tcp-sink", "tls-respond"):
             sub.add_argument("--bind", required=True)
         else:
             sub.add_argument("--to", required=True)
@@ -179,6 +251,15 @@ def _parser() -> argparse.ArgumentParser:
     tools.choices["blast"].add_argument("--rate-mbit", type=float, required=True)
     tools.choices["blast"].add_argument("--size", type=int, default=1472)
     tools.choices["tcp-send"].add_argument("--bytes", type=int, default=0)
+    for name in ("tls-respond", "tls-rounds"):
+        tools.choices[name].add_argument("--certs", required=True, help="ca.crt, NAME.crt/.key")
+        tools.choices[name].add_argument("--name", required=True, help="This end's certificate.")
+    rounds = tools.choices["tls-rounds"]
+    rounds.add_argument("--up", type=int, required=True, help="Request bytes per round.")
+    rounds.add_argument("--down", type=int, required=True, help="Answer bytes per round.")
+    rounds.add_argument("--rounds", type=int, default=5)
+    rounds.add_argument("--warmup", type=int, default=2)
+    rounds.add_argument("--idle-s", type=float, default=1.0)
     return parser
 
 

@@ -1,0 +1,79 @@
+"""``bench/wan.py``'s warm TCP column: the median it takes and the mTLS request-response
+rounds it times (``python -m skyfed.lab.probe tls-rounds``), over real sockets and TLS."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skyfed.certs.testing import make_federation
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+PROBE = [sys.executable, "-m", "skyfed.lab.probe"]
+
+
+@pytest.fixture(scope="module")
+def wan():
+    """``bench/wan.py`` as it runs (its helpers beside it on the path)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("wan")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_timed_median_skips_the_warm_up_rounds(wan) -> None:
+    assert wan.timed_median([9.0, 5.0, 1.0, 3.0, 2.0], warmup=2) == 2.0
+    assert wan.timed_median([9.0, 1.0, 3.0], warmup=1) == 2.0  # even count: the mean of two
+
+
+def test_timed_median_of_no_timed_round_is_nan(wan) -> None:
+    assert math.isnan(wan.timed_median([1.0, 2.0], warmup=2))
+
+
+def _rounds(certs: Path, port: int, client: str, **kw: int) -> subprocess.CompletedProcess:
+    server = subprocess.Popen(
+        [*PROBE, "tls-respond", "--bind", "127.0.0.1", "--port", str(port)]
+        + ["--certs", str(certs), "--name", "coordinator", "--duration-s", "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline() == "ready\n"
+        args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+        return subprocess.run(
+            [*PROBE, "tls-rounds", "--to", "127.0.0.1", "--port", str(port)]
+            + ["--certs", str(certs), "--name", client, "--duration-s", "20", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_tls_rounds_time_every_round_of_the_full_answer(tmp_path: Path) -> None:
+    make_federation(tmp_path)
+    out = _rounds(tmp_path, 47321, "aws-1", up=300_001, down=700_003, rounds=3, warmup=1)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["warmup"] == 1 and len(result["seconds"]) == 4
+    assert all(0 < s < 10 for s in result["seconds"])
+
+
+def test_tls_rounds_refuse_a_client_without_a_certificate_of_the_ca(tmp_path: Path) -> None:
+    make_federation(tmp_path / "ours")
+    make_federation(tmp_path / "theirs")
+    for name in ("aws-1.crt", "aws-1.key"):  # another CA's agent, trusting ours
+        (tmp_path / "ours" / f"x{name}").write_bytes((tmp_path / "theirs" / name).read_bytes())
+    out = _rounds(tmp_path / "ours", 47322, "xaws-1", up=10, down=10, rounds=1, warmup=0)
+    assert out.returncode != 0
