@@ -31,7 +31,7 @@ def test_coordinates_topk_sent_restart_their_velocity():
     ours = MomentumCorrection(lr=0.5, momentum=0.9)
     topk = make_codec("topk", density=0.5, dense_below=1)
     (step,) = ours.step([torch.tensor([4.0, -3.0, 0.5, 0.1])])
-    sent = decode_payload(ErrorFeedback().encode_all(topk, {"w": step})["w"][0])
+    sent = decode_payload(ErrorFeedback().encode_all(topk, {"w": step})["w"][0], shape=step.shape)
     ours.mask([sent], topk)
     assert sent[:2].ne(0).all() and sent[2:].eq(0).all()
     torch.testing.assert_close(ours.velocity[0], torch.tensor([0.0, 0.0, 0.5, 0.1]))

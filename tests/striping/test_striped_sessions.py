@@ -125,7 +125,9 @@ def receive_aggregate(link: Link, round_: int = 0) -> tuple[list[torch.Tensor], 
         if isinstance(message, Chunk):
             payload = assembler.add(message)
             if payload is not None:
-                values[payload.tensor] = decode_payload(payload.data)
+                values[payload.tensor] = decode_payload(
+                    payload.data, shape=spec[payload.tensor].shape
+                )
         elif isinstance(message, RoundEnd):
             assert message.chunks == assembler.next_seq
             return [values[i] for i in range(len(spec))], message
