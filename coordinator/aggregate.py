@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -122,6 +123,17 @@ class RoundAggregate:
             contribution.kept.pop(tensor, None)
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A payload its contribution has checked: what :meth:`Contribution.stage` holds."""
+
+    payload: Payload
+    squares: float
+    """The squared L2 norm of its values."""
+    parsed: Parsed | None
+    """The check's parse, kept for the close (Top-k's indices and values); None: none."""
+
+
 class Contribution:
     """One agent's update for one round, checked payload by payload, held encoded."""
 
@@ -133,16 +145,15 @@ class Contribution:
         self.kept: dict[int, list[Parsed | None]] = {}
         """Beside each staged payload, the parse its check made (None: none kept), so the
         close adds from it and parses no staged uplink again (``Codec.check_parsed``)."""
-        self._parsed: dict[int, Parsed | None] = {}  # by id(payload): checked, not staged
-        self._parsed_lock = threading.Lock()  # a striped session's readers check at once
         self._covered: dict[int, _Coverage] = {}
         self.done = False
         self.factor = 1.0
         """What its update is scaled by in the mean (norm clipping, ``coordinator/robust.py``)."""
 
-    def check(self, payload: Payload) -> float:
+    def check(self, payload: Payload) -> Checked:
         """Validate one payload fully (codec, shape, finite values) and claim its slice;
-        the squared L2 norm of its values (the update's norm bound adds them up).
+        the payload with the squared L2 norm of its values (the update's norm bound adds
+        them up) and the parse the check made, for :meth:`stage`.
 
         Needs no lock: only the session's own reader thread calls it.
         """
@@ -151,18 +162,15 @@ class Contribution:
         interval = coverage.claim(payload.shard)
         squares, parsed = _check_payload(payload, info)
         coverage.commit(interval)
-        with self._parsed_lock:
-            self._parsed[id(payload)] = parsed
-        return squares
+        return Checked(payload, squares, parsed)
 
-    def stage(self, payload: Payload) -> None:
+    def stage(self, checked: Checked) -> None:
         """Hold a checked payload until the close, with its check's parse; the caller
         holds the federation's lock."""
-        with self._parsed_lock:
-            parsed = self._parsed.pop(id(payload), None)
         if not self.done:
+            payload = checked.payload
             self.staged.setdefault(payload.tensor, []).append(payload)
-            self.kept.setdefault(payload.tensor, []).append(parsed)
+            self.kept.setdefault(payload.tensor, []).append(checked.parsed)
 
     @property
     def complete(self) -> bool:
@@ -186,8 +194,6 @@ class Contribution:
         """Drop what was staged: the round's sum is exactly as if it never came."""
         self.staged.clear()
         self.kept.clear()
-        with self._parsed_lock:
-            self._parsed.clear()
         self.done = True
 
     def _spec(self, tensor: int) -> TensorInfo:

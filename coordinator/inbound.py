@@ -231,9 +231,10 @@ class Intake:
         if inbound.seen > (inbound.expected or MAX_CHUNKS):
             raise ProtocolError(f"a contribution of more than {MAX_CHUNKS} chunks")
         if payload is not None:
-            inbound.sum_squares += inbound.entry.check(payload)
+            checked = inbound.entry.check(payload)
+            inbound.sum_squares += checked.squares
             with fed.cond:
-                inbound.entry.stage(payload)
+                inbound.entry.stage(checked)
             failpoints.reached("upload", inbound.round)
         if inbound.seen == inbound.expected:
             self._last_chunk(session, inbound)

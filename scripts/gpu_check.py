@@ -72,8 +72,7 @@ def logical_delta(site: Site) -> list[torch.Tensor]:
     """The site's pseudo-gradient as the coordinator assembles it (coverage checked)."""
     contribution = (aggregate := RoundAggregate(site.spec)).begin(1)
     for p in site.contribution(0, "fp32"):
-        contribution.check(p)
-        contribution.stage(p)
+        contribution.stage(contribution.check(p))
     contribution.commit()
     return aggregate.mean()
 

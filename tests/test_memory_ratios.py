@@ -66,8 +66,7 @@ def test_a_coordinator_round_with_eight_agents_stays_within_its_budget(model, co
         c = aggregate.begin(4, f"agent-{a}")
         for i, data in enumerate(datas):
             p = Payload(i, None, codec, data)
-            c.check(p)
-            c.stage(p)
+            c.stage(c.check(p))
         c.commit()
     del uplinks  # the aggregate holds the only copies now, as the coordinator does
     checked = _added_peak(start)

@@ -28,8 +28,7 @@ def logical_mean(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
     """What the coordinator makes of one contribution (coverage checked on the way)."""
     contribution = (aggregate := RoundAggregate(site.spec)).begin(1)
     for p in payloads:
-        contribution.check(p)
-        contribution.stage(p)
+        contribution.stage(contribution.check(p))
     contribution.commit()
     return aggregate.mean()
 

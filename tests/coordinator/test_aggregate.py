@@ -32,8 +32,7 @@ def contribute(agg, samples, w, b, shards=None, codec=FP32, key=""):
     c = agg.begin(samples, key)
     for tensor, values, shard in parts(w, b, shards):
         p = payload(tensor, values, shard, codec)
-        c.check(p)
-        c.stage(p)
+        c.stage(c.check(p))
     return c
 
 
@@ -60,8 +59,7 @@ def test_decoding_into_the_mean_is_bit_for_bit_decode_then_add(name, shards):
         c = agg.begin(samples, key)
         for tensor, values, shard in parts(w, b, shards):
             p = payload(tensor, values, shard, codec)
-            c.check(p)
-            c.stage(p)
+            c.stage(c.check(p))
         c.commit()
     for _key, c in sorted((c.key, c) for c in agg._committed):
         for tensor, payloads in c.staged.items():
@@ -99,13 +97,11 @@ def test_a_withdrawn_contribution_leaves_the_sum_exactly_as_without_it(name):
     for target in (agg, reference):
         c = target.begin(2, "a")
         for p in same:
-            c.check(p)
-            c.stage(p)
+            c.stage(c.check(p))
         c.commit()
     half = agg.begin(7, "b")  # half-sent, then refused: only its first tensor arrived
     p = payload(0, torch.randn(64, 48, generator=gen) * 1e3, codec=codec)
-    half.check(p)
-    half.stage(p)
+    half.stage(half.check(p))
     half.withdraw()
     contribute(agg, 5, w * 1e4, b * 0 - 1e6, codec=codec, key="c").withdraw()
     assert all(torch.equal(x, y) for x, y in zip(agg.mean(), reference.mean(), strict=True))
@@ -159,8 +155,7 @@ def test_lossy_payload_is_summed_as_decoded():
     w = torch.randn(64, 48)
     c = agg.begin(1)
     for p in (payload(0, w, codec=make_codec("fp16")), payload(1, torch.zeros(64))):
-        c.check(p)
-        c.stage(p)
+        c.stage(c.check(p))
     c.commit()
     assert torch.equal(agg.mean()[0], w.half().float())
 
@@ -180,8 +175,7 @@ def test_the_mean_of_topk_contributions_adds_from_the_checks_parse(monkeypatch):
         c = agg.begin(samples, key)
         for tensor, values, _ in parts(torch.randn(64, 48, generator=gen), torch.randn(64)):
             p = payload(tensor, values, codec=codec)
-            c.check(p)
-            c.stage(p)
+            c.stage(c.check(p))
         c.commit()
     checked = len(parses)
     assert checked == 6
@@ -200,10 +194,10 @@ def test_a_checked_payload_of_a_withdrawn_contribution_keeps_no_parse():
     agg = RoundAggregate(SPEC)
     c = agg.begin(1, "a")
     p = payload(0, torch.randn(64, 48), codec=make_codec("topk", density=0.05))
-    c.check(p)
+    checked = c.check(p)
     c.withdraw()
-    c.stage(p)  # staged after the withdrawal: dropped, and its parse with it
-    assert not c.staged and not c.kept and not c._parsed
+    c.stage(checked)  # staged after the withdrawal: dropped, and its parse with it
+    assert not c.staged and not c.kept
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16", "fp32"])
@@ -224,8 +218,7 @@ def test_the_mean_taken_piece_by_piece_is_bit_for_bit_the_mean_taken_term_by_ter
     ):
         c = agg.begin(samples, key)
         p = payload(0, torch.randn(numel, generator=gen) * size, codec=make_codec(name))
-        c.check(p)
-        c.stage(p)
+        c.stage(c.check(p))
         c.commit()
         c.scale(factor)
     ours = agg.mean_into(0, torch.full((numel,), float("nan")))

@@ -39,8 +39,7 @@ def receive(agg: RoundAggregate, values: list[torch.Tensor], upto: int | None = 
         payload = inbound.assembler.add(chunk)
         inbound.seen += 1
         if payload is not None:
-            inbound.entry.check(payload)
-            inbound.entry.stage(payload)
+            inbound.entry.stage(inbound.entry.check(payload))
     return inbound
 
 
