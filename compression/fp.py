@@ -49,9 +49,6 @@ class _ElementwiseCodec(Codec):
     wire_dtype: torch.dtype
     bounded_release = True
     check_scratch = False
-    peak_first = False
-    """Whether encoding with feedback finds ``p``'s peak before it casts
-    (:meth:`_peak_then_cast`): for a codec whose scale depends on it (FP16)."""
 
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
@@ -80,115 +77,17 @@ class _ElementwiseCodec(Codec):
     def _fused_feedback(
         self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor
     ) -> float:
-        """Fill ``wire`` and ``e = e' `` (``e`` holds the residual when ``summed``): the
-        plain cast in one pass; where the whole tensor turns out to need a scale (FP16
-        underflow, common for pseudo-gradients), one more pass redoes it scaled."""
-        if self.peak_first:
-            return self._peak_then_cast(g, e, summed, wire)
+        """Fill ``wire`` and ``e = e'`` (``e`` holds the residual when ``summed``) in one
+        pass, the plain cast: a codec whose plain cast always holds (FP32, BF16). FP16,
+        whose scale depends on the whole tensor's peak, finds the peak first."""
         decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
-        peak = 0.0
         for start in blocks(g.numel()):
             stop = min(start + BLOCK_NUMEL, g.numel())
             g_b, e_b, wire_b = g[start:stop], e[start:stop], wire[start:stop]
             p_b = e_b.add_(g_b) if summed else g_b  # p, in the residual's memory
-            block_peak = self._block_peak(p_b)
-            if self._overflows(block_peak):
-                return self._feedback_slowly(g, e, summed, wire, done=start, inside=stop)
-            peak = max(peak, block_peak)
             wire_b.copy_(p_b)
             torch.sub(p_b, decoded[: stop - start].copy_(wire_b), out=e_b)
-        if self._plain_cast_holds(peak):
-            return 1.0
-        scale = fp16_scale(peak)
-        if scale != 1.0:
-            self._rescale(g, e, summed, wire, scale)
-        return scale
-
-    def _peak_then_cast(
-        self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor
-    ) -> float:
-        """:meth:`_fused_feedback`'s result in two passes, the scale known before any
-        cast: ``p`` (in the residual's memory) and its peak, then the one cast the peak
-        calls for and ``e' = p - D(c)``. The same bits: ``p``, ``s``, ``c`` and ``e'``
-        are computed by the same operations, only a scaled tensor's plain cast (and
-        ``p``'s recovery from it) is never made: 7 block operations where the fused loop
-        and its rescale take 12, for one more pass over the residual's memory where the
-        plain cast stands (docs/scale.md)."""
-        n = g.numel()
-        peak = 0.0
-        for start in blocks(n):
-            stop = min(start + BLOCK_NUMEL, n)
-            p_b = e[start:stop].add_(g[start:stop]) if summed else g[start:stop]
-            peak = max(peak, self._block_peak(p_b))
-        if self._overflows(peak):  # every block holds p: the slow path from the start
-            return self._feedback_slowly(g, e, summed, wire, done=0, inside=n)
-        scale = 1.0 if self._plain_cast_holds(peak) else fp16_scale(peak)
-        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
-        for start in blocks(n):
-            stop = min(start + BLOCK_NUMEL, n)
-            p_b = (e if summed else g)[start:stop]
-            e_b, wire_b, d_b = e[start:stop], wire[start:stop], decoded[: stop - start]
-            if scale == 1.0:  # as the fused loop
-                wire_b.copy_(p_b)
-                torch.sub(p_b, d_b.copy_(wire_b), out=e_b)
-            else:  # as _rescale
-                wire_b.copy_(torch.mul(p_b, 1.0 / scale, out=d_b))
-                torch.sub(p_b, d_b.copy_(wire_b).mul_(scale), out=e_b)
-        return scale
-
-    def _rescale(
-        self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor, scale: float
-    ) -> None:
-        """Redo the plain cast the fused loop wrote as ``cast(p / s)``, block by block:
-        ``e`` holds ``e' = p - D(plain)``, and ``e' + D(plain)`` is ``p`` exactly (the
-        plain cast was finite, so ``p - D(plain)`` was exact: Sterbenz)."""
-        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
-        for start in blocks(g.numel()):
-            stop = min(start + BLOCK_NUMEL, g.numel())
-            e_b, wire_b, d_b = e[start:stop], wire[start:stop], decoded[: stop - start]
-            p_b = e_b.add_(d_b.copy_(wire_b)) if summed else g[start:stop]
-            wire_b.copy_(torch.mul(p_b, 1.0 / scale, out=d_b))  # as _cast_scaled
-            torch.sub(p_b, d_b.copy_(wire_b).mul_(scale), out=e_b)  # p - D(c), as decode
-
-    def _feedback_slowly(
-        self,
-        g: torch.Tensor,
-        e: torch.Tensor,
-        summed: bool,
-        wire: torch.Tensor,
-        *,
-        done: int,
-        inside: int,
-    ) -> float:
-        """The whole-tensor path from where the fused loop stopped: ``e[:done]`` holds
-        ``e'`` of the plain cast, ``e[done:inside]`` holds ``p``, the rest the residual."""
-        if not summed:
-            p = g
-        else:
-            # e' = p - d is exact while d = fp16(p) is finite (Sterbenz), so e' + d is p.
-            e[:done].add_(wire[:done].to(torch.float32))
-            e[inside:].add_(g[inside:])
-            p = e
-        scale = self._cast(p, wire)
-        d = wire.to(torch.float32)
-        if scale != 1.0:
-            d.mul_(scale)
-        torch.sub(p, d, out=e)
-        return scale
-
-    def _block_peak(self, p_block: torch.Tensor) -> float:
-        """The block's largest magnitude where the codec must see it (FP16: to find an
-        overflow, and the scale an underflow needs); 0 where it need not."""
-        return 0.0
-
-    def _overflows(self, peak: float) -> bool:
-        """Whether a block of largest magnitude ``peak`` fails the plain cast on its own
-        (FP16: inf or NaN on the wire), so the whole tensor takes the slow path."""
-        return False
-
-    def _plain_cast_holds(self, peak: float) -> bool:
-        """Whether the plain cast (``s = 1``) stands, given the largest magnitude."""
-        return True
+        return 1.0
 
     def _wire_region(
         self, shape: tuple[int, ...], numel: int, out: frame.PayloadBuffer | None
@@ -386,14 +285,46 @@ class Fp16(_ElementwiseCodec):
     name = "fp16"
     wire_id = 1
     wire_dtype = torch.float16
-    peak_first = True
+
+    def _fused_feedback(
+        self, g: torch.Tensor, e: torch.Tensor, summed: bool, wire: torch.Tensor
+    ) -> float:
+        """In two passes, the scale known before any cast: ``p`` (in the residual's
+        memory) and its peak, then the one cast the peak calls for and ``e' = p - D(c)``.
+        7 block operations, where casting plainly first and redoing a tensor that needs
+        a scale took 12 (a pseudo-gradient's usually does: docs/scale.md). A tensor
+        holding inf or NaN takes the whole-tensor cast, sent unscaled."""
+        n = g.numel()
+        peak = 0.0
+        for start in blocks(n):
+            stop = min(start + BLOCK_NUMEL, n)
+            p_b = e[start:stop].add_(g[start:stop]) if summed else g[start:stop]
+            peak = max(peak, self._block_peak(p_b))
+        p = e if summed else g
+        if not math.isfinite(_fp16_rounded(peak)):  # overflow, inf or NaN: rounding is monotonic
+            scale = self._cast(p, wire)
+            d = wire.to(torch.float32)
+            if scale != 1.0:
+                d.mul_(scale)
+            torch.sub(p, d, out=e)
+            return scale
+        scale = 1.0 if self._plain_cast_holds(peak) else fp16_scale(peak)
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
+        for start in blocks(n):
+            stop = min(start + BLOCK_NUMEL, n)
+            p_b, e_b, wire_b = p[start:stop], e[start:stop], wire[start:stop]
+            d_b = decoded[: stop - start]
+            if scale == 1.0:
+                wire_b.copy_(p_b)
+                torch.sub(p_b, d_b.copy_(wire_b), out=e_b)
+            else:  # as _cast_scaled, then p - D(c) as decode
+                wire_b.copy_(torch.mul(p_b, 1.0 / scale, out=d_b))
+                torch.sub(p_b, d_b.copy_(wire_b).mul_(scale), out=e_b)
+        return scale
 
     def _block_peak(self, p_block: torch.Tensor) -> float:
         low, high = torch.aminmax(p_block)
         return max(float(high), -float(low))
-
-    def _overflows(self, peak: float) -> bool:
-        return not math.isfinite(_fp16_rounded(peak))  # rounding is monotonic
 
     def _plain_cast_holds(self, peak: float) -> bool:
         """``peak`` is the input's: the wire's is its FP16 rounding (rounding is monotonic)."""
