@@ -23,13 +23,15 @@ def record(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     text = [
         f"# {title or f'bench/{bench}.py: {what}'}",
         "",
         f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        f"- host: nproc {os.cpu_count()}, shared with other engineers' work",
+        f"- host: nproc {os.cpu_count()}, {_cpu_model()}, load average {load} at the end"
+        " (the host may be shared with other engineers' work)",
         "",
         "```",
         free.rstrip(),
@@ -44,3 +46,14 @@ def record(
     else:
         path.write_text("\n".join(text))
     return path
+
+
+def _cpu_model() -> str:
+    """The CPU's model name: figures from hosts of another model do not compare."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU model unknown"
