@@ -7,8 +7,10 @@ does), through each transport in fresh processes, and prints the receiver's and 
 sender's CPU-seconds per GB (``getrusage``: user + system, all threads). Both use
 mutual TLS with the federation's certificates (``certs/testing.py``).
 
-- ``grpc``: a stream-stream call with bytes in and out, the server's options as the
-  coordinator sets them (``coordinator/server.py``), the channel's as the agent's.
+- ``grpc``: a stream-stream call with bytes in and out; of the coordinator's server
+  options (``coordinator/server.py``) the message limits and ``so_reuseport``, of the
+  agent's channel options (``agent/link.py``) the limits and BDP probing. Keepalives and
+  the server's BDP probing are left out: they send pings, not the data's bytes.
 - ``tls``: Python's ``ssl`` over one TCP socket, each message a 4-byte length and its
   bytes, received with ``recv_into`` into one reused buffer.
 
