@@ -269,7 +269,12 @@ class Agent:
             while True:  # every round of our budget is contributed: the last aggregate ends it
                 self._pump(link, timeout=1.0)
         trained_from = self.last_round
+        # Marked for the round these steps contribute to: they begin before it opens (the
+        # round before is still in flight), so bench/phases.py's first segment goes below
+        # zero and "encode" holds the wait for the aggregate, its apply and the encode.
+        phase(target, "train_begin")
         result = self._train_while_pumping(link)
+        phase(target, "train_end")
         self.last_loss = result.loss
         while self.last_round < target - 1:  # the previous round's aggregate, applied
             self._pump(link, timeout=1.0)

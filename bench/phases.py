@@ -21,6 +21,12 @@ commits last:
   feedback, the weights' update, chunks serialized and queued;
 - ``checkpoint + round ends``: the checkpoint's wait and each session's round end.
 
+In an overlapped round (``overlap = true``) the agent marks its local steps for the round
+they contribute to, and they begin while the round before is still in flight: the first
+segment is then negative (training began that long before the opening), and ``encode``
+holds the wait for the round before's aggregate, its apply and the encode. The segments
+still add up to the round.
+
 ``bench/scale.py --phases`` and ``bench/wan.py --phases`` print it.
 """
 

@@ -57,3 +57,18 @@ def test_overlap_resumes_from_checkpoint_and_loses_no_acknowledged_round(reaped,
     status = finish(reaped, work)
     assert f"[Coordinator.Resume] round={saved.round + 1}" in reaped.log("coordinator")
     assert_identical(work, status, rounds)
+
+
+def test_overlapped_local_steps_are_marked_for_the_round_they_contribute_to(reaped, work) -> None:
+    """bench/phases.py splits a round from these marks; the overlapped path logged none."""
+    rounds = 4
+    port = start_coordinator(reaped, work, rounds=rounds, **overlap(work))
+    for i, cloud in enumerate(CLOUDS):
+        start_agent(reaped, work, port, cloud, i, env={"SKYFED_LOG_LEVEL": "DEBUG"})
+    finish(reaped, work)
+    for cloud in CLOUDS:
+        log = reaped.log(cloud)
+        for r in range(rounds):
+            begin, end = f"round={r} train_begin at=", f"round={r} train_end at="
+            assert begin in log and end in log, (cloud, r)
+            assert log.index(begin) < log.index(end) < log.index(f"round={r} sent at="), (cloud, r)
