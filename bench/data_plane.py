@@ -83,7 +83,7 @@ def _grpc_server(certs: Path, count: int, direction: str) -> None:
     moved, cpu = done.result()
     time.sleep(0.2)
     server.stop(1).wait()
-    print(json.dumps({"bytes": moved, "cpu_s": cpu, "cpu_total_s": _cpu()}), flush=True)
+    print(json.dumps({"bytes": moved, "cpu_s": cpu}), flush=True)
 
 
 def _grpc_client(certs: Path, port: int, count: int, direction: str) -> None:
@@ -169,7 +169,7 @@ def _tls_server(certs: Path, count: int, direction: str) -> None:
             sock.sendall(b"k")
         else:
             sock.recv(1)
-    print(json.dumps({"bytes": moved, "cpu_s": cpu, "cpu_total_s": _cpu()}), flush=True)
+    print(json.dumps({"bytes": moved, "cpu_s": cpu}), flush=True)
 
 
 def _tls_client(certs: Path, port: int, count: int, direction: str) -> None:
