@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from skyfed.compression.base import PayloadError
 
@@ -54,7 +55,8 @@ def unvarint_gaps(data: np.ndarray, count: int, numel: int) -> np.ndarray:
     if len(leading):
         _add_leading_bytes(gaps, data, leading, numel)
     gaps += 1
-    indices = np.cumsum(gaps, out=gaps)
+    torch.cumsum(torch.from_numpy(gaps), 0, out=torch.from_numpy(gaps))  # numpy's: 3-4x slower
+    indices = gaps
     indices -= 1
     if count and indices[-1] >= numel:
         raise PayloadError(f"index {indices[-1]} is outside the tensor's {numel} elements")

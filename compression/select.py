@@ -194,13 +194,37 @@ def _pass(
             if not collect:
                 count += int(np.count_nonzero(m_B))
                 continue
-            at_B = np.flatnonzero(m_B)
+            at_B = true_at(m_B)
             count += len(at_B)
             found.append((at_B + start, p_B[at_B]))
         return count, found
 
     done = in_parallel(span, parts)
     return sum(c for c, _ in done), [f for _, span_found in done for f in span_found]
+
+
+def true_at(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` of a 1-D bool array, 2x faster at a few percent.
+
+    At or below 10 % true numpy's nonzero looks for each true byte with a ``memchr``
+    (about 30 ns an element found, 0.33 ms for 5 % of 2^18); above that it runs a
+    branch-free loop. So at a sparse density find the 4-byte words holding a true byte
+    first (a quarter of the elements, ~19 % of them true at 5 %: the branch-free loop),
+    then the true bytes among those words' bytes.
+    """
+    n = len(mask)
+    head = n - n % 4
+    if head == 0 or np.count_nonzero(mask) * 10 > n:
+        return np.flatnonzero(mask)
+    words = mask[:head].view(np.uint32)
+    at_w = np.flatnonzero(np.not_equal(words, 0))
+    at_byte = np.flatnonzero(words[at_w].view(np.bool_))
+    at = at_w[at_byte >> 2]
+    at *= 4
+    at += at_byte & 3
+    if head < n:
+        at = np.concatenate([at, np.flatnonzero(mask[head:]) + head])
+    return at
 
 
 def _joined(found: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:

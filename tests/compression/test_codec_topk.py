@@ -3,13 +3,14 @@ fewer only when the rest are zeros; a plan's threshold is kept exactly."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skyfed.compression import decode_payload, make_codec
-from skyfed.compression.select import OVERSHOOT, TopKSelector, quantile
+from skyfed.compression.select import OVERSHOOT, TopKSelector, quantile, true_at
 from skyfed.compression.topk import MIN_DENSITY, TopK, min_kept
 
 
@@ -45,6 +46,22 @@ def test_selection_keeps_the_largest_within_the_overshoot(
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed))  # distinct values
     k = max(1, round(density * n))
     _assert_largest(x, TopKSelector().select(x, k), k)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 70_000),
+    density=st.sampled_from([0.0, 1e-4, 0.01, 0.05, 0.1, 0.11, 0.5, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_true_positions_of_a_mask_are_numpys_at_every_density_and_length(
+    n: int, density: float, seed: int
+) -> None:
+    """The word-then-byte search finds exactly ``np.flatnonzero``'s positions, in order,
+    whatever the length's remainder over a word and the density (both sides of 10 %)."""
+    mask = np.random.default_rng(seed).random(n) < density
+    assert np.array_equal(true_at(mask), np.flatnonzero(mask))
+    assert np.array_equal(true_at(mask[1:]), np.flatnonzero(mask[1:]))  # an unaligned view
 
 
 def test_small_or_dense_selections_are_exactly_the_topk_set() -> None:
