@@ -29,7 +29,7 @@ CODECS = [
     ("ecsgd", {"bits": 2, "block": 64, "seed": 0}),
     ("ecsgd", {"bits": 4, "block": 1000, "seed": 0}),  # blocks that do not divide a piece
 ]
-ALPHAS = [1.0, -1.0, 0.37, -2.5e3, 128.0, -0.5]  # powers of two: Top-k's index_add_
+ALPHAS = [1.0, -1.0, 0.37, -2.5e3, 128.0, -0.5]  # exact and inexact multiples alike
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
