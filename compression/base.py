@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
@@ -287,16 +287,39 @@ def in_parallel(fn: Callable[[int, int], _T], span_list: list[tuple[int, int]]) 
     a shared pool: for numpy work on large tensors, which releases the GIL but runs on one
     core (torch's own kernels already split themselves; two Python threads each calling
     them contend for torch's pool: docs/codecs-performance.md)."""
-    global _pool
     if len(span_list) == 1:
         return [fn(*span_list[0])]
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(len(span_list) - 1, thread_name_prefix="skyfed-codec")
-        pool = _pool
+    pool = _shared_pool(len(span_list) - 1)
     futures = [pool.submit(fn, lo, hi) for lo, hi in span_list[1:]]
     first = fn(*span_list[0])
     return [first, *(f.result() for f in futures)]
+
+
+def beside(background: Callable[[], object], here: Callable[[], _T]) -> _T:
+    """``here()`` on this thread while ``background()`` runs on the shared pool, for two
+    independent pieces of GIL-releasing work (one memory-bound, one not: they overlap);
+    returns ``here()``'s result once both are done, raising what either raised.
+    ``background`` must not use :func:`in_parallel`, whose pool it occupies."""
+    if torch.get_num_threads() < 2:
+        background()
+        return here()
+    future = _shared_pool(torch.get_num_threads() - 1).submit(background)
+    try:
+        result = here()
+    except BaseException:
+        wait([future])  # it writes the caller's memory: never left running
+        raise
+    future.result()
+    return result
+
+
+def _shared_pool(workers: int) -> ThreadPoolExecutor:
+    """The codecs' one pool of worker threads (created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="skyfed-codec")
+        return _pool
 
 
 def blocks(numel: int, block: int = BLOCK_NUMEL) -> range:

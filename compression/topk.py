@@ -15,6 +15,7 @@ from skyfed.compression.base import (
     Parsed,
     PayloadError,
     as_flat_f32,
+    beside,
     check_accumulator,
     expected_shape,
     in_parallel,
@@ -122,9 +123,9 @@ class TopK(Codec):
         if e_flat is None:  # p is g itself, which stays the caller's
             payload, idx_k, kept_k, sent_k = self._encode(g_flat, tuple(g.shape), out)
             e_flat = g_flat.clone()
+            e_flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))  # e[I] = ...: 0.7x index_put
         else:  # p = e + g, summed in the residual's memory by the selection's first pass
-            payload, idx_k, kept_k, sent_k = self._encode(e_flat, tuple(g.shape), out, g_flat)
-        e_flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))  # e[I] = ...: 0.7x index_put
+            payload = self._encode(e_flat, tuple(g.shape), out, g_flat, residual=e_flat)[0]
         return payload, e_flat.view(g.shape)
 
     def encode_into_residual(
@@ -134,9 +135,7 @@ class TopK(Codec):
         if p.dtype != torch.float32 or not p.is_contiguous():
             return super().encode_into_residual(p, out)
         flat = p.view(-1)
-        payload, idx_k, kept_k, sent_k = self._encode(flat, tuple(p.shape), out)
-        flat.index_copy_(0, idx_k, kept_k.sub_(sent_k))
-        return payload
+        return self._encode(flat, tuple(p.shape), out, residual=flat)[0]
 
     def encode_into_residual_applied(
         self,
@@ -166,9 +165,14 @@ class TopK(Codec):
         shape: tuple[int, ...],
         out: frame.PayloadBuffer | None = None,
         add: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
     ) -> tuple[bytes, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The payload, the kept indices, the values kept there and the values the
-        receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``)."""
+        receiver will decode there. With ``add``, ``flat += add`` first (``p = e + g``).
+        With ``residual`` (``flat`` itself), ``e' = p`` with the kept elements replaced by
+        their rounding error, written beside the indices' packing: a scattered write
+        over the tensor's memory, and the varints and zstd are compute (~6 and ~5 ms at
+        16M, 5 %); the kept values are then their errors."""
         n = flat.numel()
         planned = None if self._threshold is None else self._planned_k(n)
         idx_k, kept_k = _SELECTOR.select_kept(
@@ -180,7 +184,14 @@ class TopK(Codec):
             k_of=planned,
         )
         value_bytes, scale, sent_k = self._quantize(kept_k)
-        index_kind, zstd, raw_len, index_bytes = _pack_indices(idx_k.numpy(), flat.numel())
+
+        def rounding_error() -> None:  # e'[I] = p[I] - D(c)[I], single-threaded numpy
+            if residual is not None:
+                residual.numpy()[idx_k.numpy()] = kept_k.sub_(sent_k).numpy()
+
+        index_kind, zstd, raw_len, index_bytes = beside(
+            rounding_error, lambda: _pack_indices(idx_k.numpy(), flat.numel())
+        )
         value_kind = _VALUE_KINDS.index(self.values) if self.bits == 8 else _LOWBIT_KIND
         params = _PARAMS.pack(value_kind, index_kind, zstd, len(idx_k), scale, raw_len)
         if value_kind == _LOWBIT_KIND:
