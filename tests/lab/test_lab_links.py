@@ -56,8 +56,10 @@ def test_partition_drops_everything_then_the_link_heals(make_lab: Callable[..., 
     assert other.ok, other.summary()
     runner.join(timeout=10)
     assert [down for _, _, down in runner.applied] == [False, True, False]
+    # Healed means every probe comes back; how close its RTT is to the profile is the profile
+    # tests' business (a loaded host's userspace delay adds milliseconds to a 1 ms link).
     healed = measure_link(lab, "aws-1", QUICK)
-    assert healed.ok, healed.summary()
+    assert healed.probes_lost == 0 < healed.probes, healed.summary()
 
 
 def test_schedule_changes_the_link_profile_during_a_run(make_lab: Callable[..., Lab]) -> None:

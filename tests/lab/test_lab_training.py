@@ -15,8 +15,10 @@ from skyfed.lab.topology import COORDINATOR, Lab
 pytestmark = pytest.mark.lab
 
 AGENTS = ("aws-1", "gcp-1", "azure-1")
-PRE_CHECK = CheckSettings(probes=2000, rate_duration_s=1.0)
-"""Every link is measured before a test trusts it."""
+PRE_CHECK = CheckSettings(probes=2000, rate_duration_s=1.0, rtt_tolerance=0.25)
+"""Every link is measured before a test trusts it: loss and rate as strictly as the profile
+tests, RTT to a quarter (a CI host under load once added 2.5 ms to a 20 ms delay line; the
+RTT's accuracy is tests/lab/test_lab_links.py's job, these tests pin training behaviour)."""
 
 
 def start(make_lab: Callable[..., Lab], profile: str, spec: FederationSpec, tmp: Path):
