@@ -19,15 +19,17 @@ from pathlib import Path
 import pytest
 
 from skyfed.lab.federation import Federation, FederationSpec
-from skyfed.lab.selfcheck import CheckSettings, check_lab
+from skyfed.lab.selfcheck import CheckSettings
 from skyfed.lab.topology import COORDINATOR, Lab
 
 pytestmark = pytest.mark.lab
 
 TASK = "skyfed.tasks.examples:wide?params=1M"
-ROUNDS = 6
-BASELINE_ROUNDS = 3
-"""Rounds of the session held to one connection (ROUNDS: the monitor's)."""
+ROUNDS = 4
+BASELINE_ROUNDS = 2
+"""Rounds of the session held to one connection (ROUNDS: the monitor's). A one-stream round
+takes 30-50 s here (1.6-3.8 Mbit/s), the monitor's 16 streams 32-50 Mbit/s: the ratio was
+7.7-16.7x over runs of 3 and 6 rounds, so 2 and 4 keep it well clear of 3x at half the time."""
 
 
 def _links(lab: Lab, workdir: Path, *, max_streams: int, rounds: int) -> list[dict]:
@@ -60,15 +62,15 @@ def _links(lab: Lab, workdir: Path, *, max_streams: int, rounds: int) -> list[di
 
 
 def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
-    make_lab: Callable[..., Lab], tmp_path: Path
+    make_lab: Callable[..., Lab], pre_check: Callable[..., None], tmp_path: Path
 ) -> None:
     """One stream's goodput over a 4 MB transfer varies several-fold with where its first
     losses fall (2.4 to 20.8 Mbit/s in one round), so one stream is measured over the
     rounds of a session held to N = 1, on the same link just before, as well as the
     monitor's own first round."""
     lab = make_lab("aws-1=cross-region")
-    for report in check_lab(lab, CheckSettings(probes=2000, rate_duration_s=1.0)):
-        print(report.summary())
+    # The loss is what this test is about: 2,000 probes bound it to 5-39 round trips lost.
+    pre_check(lab, CheckSettings(probes=2000, rate_duration_s=0.5, rtt_tolerance=0.25))
     held = _links(lab, tmp_path / "one", max_streams=1, rounds=BASELINE_ROUNDS)
     links = _links(lab, tmp_path / "monitor", max_streams=16, rounds=ROUNDS)
     one = [float(link["goodputMbit"]) for link in held + links if link["streams"] == 1]

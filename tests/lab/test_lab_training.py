@@ -9,22 +9,22 @@ from pathlib import Path
 import pytest
 
 from skyfed.lab.federation import Federation, FederationSpec, round_floor_s
-from skyfed.lab.selfcheck import CheckSettings, check_lab
 from skyfed.lab.topology import COORDINATOR, Lab
 
 pytestmark = pytest.mark.lab
 
 AGENTS = ("aws-1", "gcp-1", "azure-1")
-PRE_CHECK = CheckSettings(probes=2000, rate_duration_s=1.0, rtt_tolerance=0.25)
-"""Every link is measured before a test trusts it: loss and rate as strictly as the profile
-tests, RTT to a quarter (a CI host under load once added 2.5 ms to a 20 ms delay line; the
-RTT's accuracy is tests/lab/test_lab_links.py's job, these tests pin training behaviour)."""
 
 
-def start(make_lab: Callable[..., Lab], profile: str, spec: FederationSpec, tmp: Path):
+def start(
+    make_lab: Callable[..., Lab],
+    pre_check: Callable[[Lab], None],
+    profile: str,
+    spec: FederationSpec,
+    tmp: Path,
+):
     lab = make_lab(*(f"{name}={profile}" for name in AGENTS))
-    for report in check_lab(lab, PRE_CHECK):
-        print(report.summary())
+    pre_check(lab)
     fed = Federation(lab, spec, tmp)
     fed.start()
     return lab, fed
@@ -40,10 +40,10 @@ def assert_finished_identical(fed: Federation, codes: dict[str, int | None], rou
 
 
 def test_cross_region_training_finishes_with_identical_agents(
-    make_lab: Callable[..., Lab], tmp_path: Path
+    make_lab: Callable[..., Lab], pre_check: Callable[[Lab], None], tmp_path: Path
 ) -> None:
     spec = FederationSpec(rounds=3, round_deadline_s=60.0)
-    lab, fed = start(make_lab, "cross-region", spec, tmp_path)
+    lab, fed = start(make_lab, pre_check, "cross-region", spec, tmp_path)
     codes = fed.wait(timeout_s=180)
     assert_finished_identical(fed, codes, spec.rounds)
     # Same weights, own data: each agent trains on its own shard, so their losses differ.
@@ -64,13 +64,13 @@ def test_cross_region_training_finishes_with_identical_agents(
 
 
 def test_partition_longer_than_the_round_deadline_then_rejoin(
-    make_lab: Callable[..., Lab], tmp_path: Path
+    make_lab: Callable[..., Lab], pre_check: Callable[[Lab], None], tmp_path: Path
 ) -> None:
     # Once the coordinator has dropped the partitioned agent, the other two close a round
     # every ~0.25 s; 14 rounds leave the agent several of them to rejoin in (8 left it a
     # race it lost on 2 runs of 6 once rounds got faster).
     spec = FederationSpec(rounds=14, round_deadline_s=3.0, quorum=2)
-    lab, fed = start(make_lab, "intra-region", spec, tmp_path)
+    lab, fed = start(make_lab, pre_check, "intra-region", spec, tmp_path)
     deadline = time.monotonic() + 120
     while not fed.rounds() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -85,10 +85,10 @@ def test_partition_longer_than_the_round_deadline_then_rejoin(
 
 
 def test_three_percent_loss_loses_no_round_and_declares_no_agent_dead(
-    make_lab: Callable[..., Lab], tmp_path: Path
+    make_lab: Callable[..., Lab], pre_check: Callable[[Lab], None], tmp_path: Path
 ) -> None:
     spec = FederationSpec(rounds=3, round_deadline_s=60.0)
-    _, fed = start(make_lab, "lossy", spec, tmp_path)
+    _, fed = start(make_lab, pre_check, "lossy", spec, tmp_path)
     codes = fed.wait(timeout_s=120)
     assert_finished_identical(fed, codes, spec.rounds)
     assert [(r, a) for r, a, _ in fed.rounds()] == [(r, 3) for r in range(spec.rounds)]

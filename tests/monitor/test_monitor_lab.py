@@ -106,7 +106,8 @@ def test_each_profile_settles_on_its_codec_in_one_run_and_agents_end_identical(
     lab_of: Callable[..., Lab], tmp_path: Path
 ) -> None:
     lab = lab_of(aws_1="lan", gcp_1="cross-region", azure_1="transpacific")
-    fed = start(lab, tmp_path, rounds=8)
+    # Settled within 3 rounds (asserted below); 6 leave the last switch room to be late.
+    fed = start(lab, tmp_path, rounds=6)
     codes = fed.wait(timeout_s=150)
     assert all(code == 0 for code in codes.values()), f"{codes}\n{logs(fed)}"
     reports = fed.reports()
