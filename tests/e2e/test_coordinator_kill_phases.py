@@ -21,7 +21,7 @@ from tests.e2e.test_federation_processes import (
 
 pytestmark = pytest.mark.multiprocess
 
-ROUNDS = 6
+ROUNDS = 4
 KILLED_IN = 2
 
 
