@@ -39,7 +39,7 @@ from pathlib import Path
 from skyfed.certs.testing import make_federation
 from skyfed.lab.federation import Federation, FederationSpec
 from skyfed.lab.profiles import load_catalog
-from skyfed.lab.selfcheck import CheckSettings, check_lab
+from skyfed.lab.selfcheck import check_lab
 from skyfed.lab.topology import COORDINATOR, AgentSpec, Lab, LabSpec
 from skyfed.procs import children, command, wait_for_file
 
@@ -147,7 +147,7 @@ def main() -> None:
                 print(row(run_loopback(streams, args, work, Path(tmp) / "certs")), flush=True)
         return
     with Lab(spec=spec) as lab, tempfile.TemporaryDirectory() as tmp:
-        for report in check_lab(lab, CheckSettings(probes=2000, rate_duration_s=1.0)):
+        for report in check_lab(lab):
             print(report.summary())
         lowats = args.notsent_lowat.split(",") if args.notsent_lowat else [""]
         rounds, runs = [], [(lowat, n) for lowat in lowats for n in args.streams.split(",")]

@@ -30,8 +30,10 @@ class CheckSettings:
     """UDP probes for RTT and loss (enough that 0.5 % loss loses about 20 round trips)."""
     interval_ms: float = 0.5
     """Gap between probes."""
-    rate_duration_s: float = 1.5
-    """How long each direction's rate test sends."""
+    rate_duration_s: float = 1.0
+    """How long each direction's rate test sends. 1 s measured every named profile, 50 Mbit/s
+    to 1 Gbit/s, at 96.9-100.4 % of its rate (the tolerance is 10 %); 1.5 s, the default
+    until then, took half as long again."""
     overdrive: float = 1.25
     """The rate test offers this multiple of the profile's rate."""
     rtt_tolerance: float = 0.10
