@@ -72,6 +72,7 @@ class Observer:
     def close(self, eval_timeout_s: float = 60.0) -> None:
         """Stop polling; hand over the last rounds and a final evaluation, then the sinks."""
         self._stop.set()
+        self.federation.round_closed.set()  # else the thread sleeps out its POLL_S first
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.evaluator.join(eval_timeout_s)  # free the worker for the final round
