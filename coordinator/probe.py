@@ -129,7 +129,8 @@ class ProbeEcho:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            ready, _, _ = select.select([self.sock], [], [], 0.2)
+            # 50 ms: how long close() may wait for the thread (20 idle wake-ups a second).
+            ready, _, _ = select.select([self.sock], [], [], 0.05)
             if not ready:
                 continue
             try:
