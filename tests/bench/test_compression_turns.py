@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _compression():
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("compression")
-    finally:
-        sys.path.remove(str(BENCH))
+from tests.bench import bench_module
 
 
 def test_turns_keep_each_cells_best_time_and_the_rows_order() -> None:
-    bench = _compression()
+    bench = bench_module("compression")
     row = bench.Row("fp16", 16, 2.0, 4.0, 3.0, 5.0, 6.0, 2.0)
     first = [row, bench.Row("topk", 16, 20.0, 9.0, 8.0, 7.0, 6.0, 1.5)]
     second = [

@@ -3,7 +3,6 @@ rounds it times (``python -m skyfed.lab.probe tls-rounds``), over real sockets a
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import subprocess
@@ -13,19 +12,15 @@ from pathlib import Path
 import pytest
 
 from skyfed.certs.testing import make_federation
+from tests.bench import bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 PROBE = [sys.executable, "-m", "skyfed.lab.probe"]
 
 
 @pytest.fixture(scope="module")
 def wan():
     """``bench/wan.py`` as it runs (its helpers beside it on the path)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("wan")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("wan")
 
 
 def test_timed_median_skips_the_warm_up_rounds(wan) -> None:
