@@ -53,8 +53,8 @@ def start_agent(
         "--num-shards": 3,
         "--local-steps": local_steps,
         "--report": work / f"{cloud}.json",
-        # A restarted coordinator is back within ~2 s: retrying at most every 0.5 s (not 5)
-        # keeps the agents from sleeping through it in the tests that kill it.
+        # A restarted coordinator is back within seconds: retrying at most every 0.5 s (not
+        # the default 5) keeps the agents from sleeping past it in the tests that kill it.
         "--reconnect-max-s": 0.5,
     }
     argv = command("agent", "start", *(str(x) for kv in flags.items() for x in kv))

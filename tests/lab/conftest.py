@@ -59,7 +59,8 @@ def pre_check() -> Callable[..., None]:
 
     A link that misses once is measured again: a stall of the host (a rate test read 70 of
     100 Mbit/s with no drops in one full run of the suite) must not fail a test of
-    training, while a link built wrong misses every time. The link self-check itself (``check_lab``) never measures twice.
+    training, while a link built wrong misses every time. The link self-check itself
+    (``check_lab``) never measures twice.
     """
 
     def check(lab: Lab, settings: CheckSettings = PRE_CHECK) -> None:

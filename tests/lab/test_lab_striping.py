@@ -28,8 +28,9 @@ TASK = "skyfed.tasks.examples:wide?params=1M"
 ROUNDS = 4
 BASELINE_ROUNDS = 2
 """Rounds of the session held to one connection (ROUNDS: the monitor's). A one-stream round
-takes 30-50 s here (1.6-3.8 Mbit/s), the monitor's 16 streams 32-50 Mbit/s: the ratio was
-7.7-16.7x over runs of 3 and 6 rounds, so 2 and 4 keep it well clear of 3x at half the time."""
+takes about 35 s here (1.6-5.3 Mbit/s), the monitor's N 17.9-50.4 Mbit/s. The ratio was
+7.7-16.7x over runs of 3 and 6 rounds and 6.0x in a run of 2 and 4, which take ~110 s
+against ~150: still twice the 3x asserted."""
 
 
 def _links(lab: Lab, workdir: Path, *, max_streams: int, rounds: int) -> list[dict]:
