@@ -14,7 +14,7 @@ from skyfed.agent.config import AgentConfig
 from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
-from skyfed.compression import PayloadError, codec_names
+from skyfed.compression import PayloadError, codec_names, frame
 from skyfed.compression.spec import parse_spec, wire_spec
 from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
@@ -186,6 +186,12 @@ class Agent:
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
         assert isinstance(welcome, Welcome)
+        if welcome.frame_version != frame.VERSION:  # every payload either way would be refused
+            raise LinkClosed(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the coordinator speaks payload frames version {welcome.frame_version or 1}; "
+                f"this agent speaks version {frame.VERSION}: run the same skyfed on both",
+            )
         self.codec = self._checked_codec(
             welcome.round, wire_spec(welcome.codec, welcome.codec_params)
         )

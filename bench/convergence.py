@@ -47,7 +47,6 @@ import argparse
 import math
 import os
 import statistics
-import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -57,7 +56,7 @@ import torch
 from torch import nn
 
 from skyfed.agent.momentum import MomentumCorrection
-from skyfed.compression import Codec, ErrorFeedback, decode_payload, make_codec
+from skyfed.compression import Codec, ErrorFeedback, decode_payload, frame, make_codec
 from skyfed.compression.policy import PolicyConfig
 from skyfed.coordinator.outer import OuterOptimizer
 from skyfed.tasks import load_task
@@ -149,11 +148,10 @@ def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
 
 
 def framing_bytes(payload: bytes) -> int:
-    """The frame's header and codec parameters: ``magic | version | codec | flags | ndim |
-    shape u64 x ndim | params_len u32 | params`` (compression/frame.py), before the body."""
-    ndim = payload[7]
-    (params_len,) = struct.unpack_from("<I", payload, 8 + 8 * ndim)
-    return 8 + 8 * ndim + 4 + params_len
+    """The frame's header, codec parameters and padding (compression/frame.py): all
+    before the body."""
+    f = frame.unpack(payload, max_body=len(payload) << 4)
+    return len(frame.header(f.codec, f.shape, f.params))
 
 
 class Diverged(Exception):

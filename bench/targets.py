@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -58,6 +57,7 @@ from convergence import Diverged, Exchange, Site, framing_bytes
 
 from skyfed.compression import Codec, ErrorFeedback, frame, lowbit, make_codec
 from skyfed.compression.policy import PolicyConfig
+from skyfed.compression.topk import Params as TopkParams
 from skyfed.coordinator.outer import OUTER_OPTIMIZERS, OuterOptimizer, OuterSettings
 from skyfed.tasks import load_task
 
@@ -386,12 +386,11 @@ def _index_bytes(payload: bytes) -> int:
     f = frame.unpack(payload, max_body=len(payload) << 4)
     if f.codec != make_codec("topk").wire_id:
         return 0
-    value_kind, k = f.params[0], struct.unpack_from("<Q", f.params, 4)[0]
-    if value_kind == 2:  # low-bit: bits u8 | pad | block u32 after the 24 bytes
-        bits, block = struct.unpack_from("<BxxxI", f.params, 24)
-        values = lowbit.section_bytes(k, bits, block)
+    p = TopkParams.unpack(f.params)
+    if p.value_kind == 2:  # low-bit values
+        values = lowbit.section_bytes(p.k, p.bits, p.block)
     else:
-        values = k * (1 if value_kind == 0 else 2)
+        values = p.k * (1 if p.value_kind == 0 else 2)
     return len(payload) - framing_bytes(payload) - values
 
 

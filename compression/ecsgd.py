@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections.abc import Sequence
 
@@ -26,8 +25,7 @@ from skyfed.compression.fp import readonly_tensor
 
 _BITS = (1, 2, 4)
 _MAX_BLOCK = 1 << 20
-# bits u8 | pad | block u32
-_PARAMS = struct.Struct("<BxxxI")
+# Parameters: bits u8 | block varint (3 bytes at the default block of 1024).
 # Stochastic rounding draws one random byte per element: u = (r + 1/2) / 256.
 _DITHER_LEVELS = 256
 # Per bit width: the uniform quantizer's half-range, in RMS, with the least squared error
@@ -129,8 +127,8 @@ class EcSgd(Codec):
         frame; with ``feedback`` (1-D, may be ``flat`` itself), ``feedback = p - D(q)``."""
         n, block = flat.numel(), self.block
         nb = -(-n // block)
-        head = frame.header(self.wire_id, shape, _PARAMS.pack(self.bits, block))
-        size = len(head) + 4 * nb + nb * block * self.bits // 8
+        head = frame.header(self.wire_id, shape, _params(self.bits, block))
+        size = len(head) + 4 * nb + _code_bytes(n, self.bits)
         region_B = (
             SCRATCH.take("ecsgd-payload", size, torch.uint8) if out is None else out.take(size)
         )
@@ -147,8 +145,7 @@ class EcSgd(Codec):
             if not float(scales.max()) <= MAX_SCALE:
                 raise ValueError(f"ecsgd input holds inf, NaN or magnitudes above {MAX_SCALE}")
             codes = self._codes(p_rows, scales)
-            row_bytes = block * self.bits // 8
-            _pack_codes(codes, self.bits, packed[first * row_bytes : last * row_bytes])
+            _pack_rows(codes, self.bits, packed, first, last, block)
             if feedback is not None:
                 sent = SCRATCH.take("ecsgd-sent", codes.numel())
                 _dequantize_rows(codes, scales, 2.0 / (2**self.bits - 1), sent)
@@ -199,7 +196,7 @@ class EcSgd(Codec):
         run = max(1, BLOCK_NUMEL // block)  # blocks per run
         for first in range(0, len(scales_nb), run):
             last = min(len(scales_nb), first + run)
-            codes = _unpack_codes(packed[first * row_bytes : last * row_bytes], bits)
+            codes = _unpack_codes(_packed_rows(packed, first, last, row_bytes), bits)
             lo, hi = first * block, last * block
             rows = flat[lo:hi] if hi <= n else SCRATCH.take("decoded", hi - lo)
             _dequantize_rows(codes, scales_nb[first:last], step, rows)
@@ -217,7 +214,7 @@ class EcSgd(Codec):
         decoded = SCRATCH.take("decoded", BLOCK_NUMEL + 2 * block)
         for start, view in pieces(acc, max(block, BLOCK_NUMEL // block * block)):
             first, last = start // block, -(-(start + view.numel()) // block)  # blocks
-            codes = _unpack_codes(packed[first * row_bytes : last * row_bytes], bits)
+            codes = _unpack_codes(_packed_rows(packed, first, last, row_bytes), bits)
             rows = decoded[: (last - first) * block]
             _dequantize_rows(codes, scales_nb[first:last], step, rows)
             offset = start - first * block
@@ -238,7 +235,7 @@ def _parse(
         raise PayloadError(f"payload is codec {f.codec}, not {EcSgd.name}")
     bits, block = _parse_params(f.params)
     nb = -(-f.numel // block)
-    scale_bytes, code_bytes = 4 * nb, nb * block * bits // 8
+    scale_bytes, code_bytes = 4 * nb, _code_bytes(f.numel, bits)
     if len(f.body) != scale_bytes + code_bytes:
         raise PayloadError(
             f"ecsgd body is {len(f.body)} bytes, shape {f.shape} at {bits} bits needs "
@@ -251,10 +248,19 @@ def _parse(
     return f, bits, block, scales_nb, packed
 
 
+def _params(bits: int, block: int) -> bytes:
+    params = bytearray((bits,))
+    frame.put_varint(params, block)
+    return bytes(params)
+
+
 def _parse_params(params: bytes) -> tuple[int, int]:
-    if len(params) != _PARAMS.size:
+    if not params:
+        raise PayloadError("ecsgd payload has no parameters")
+    bits = params[0]
+    block, end = frame.get_varint(params, 1, "ecsgd parameters")
+    if end != len(params):
         raise PayloadError(f"ecsgd payload has {len(params)} parameter bytes")
-    bits, block = _PARAMS.unpack(params)
     if bits not in _BITS or not (8 <= block <= _MAX_BLOCK and block % 8 == 0):
         raise PayloadError(f"ecsgd parameters are corrupt (bits={bits}, block={block})")
     return bits, block
@@ -289,6 +295,42 @@ def _block_scales(
         return out.copy_(peaks)
     rms = torch.linalg.vector_norm(blocks, dim=1).div_(counts.sqrt_())
     return torch.minimum(peaks, rms.mul_(clip), out=out)
+
+
+def _code_bytes(n: int, bits: int) -> int:
+    """The codes of ``n`` elements: whole blocks of ``block * bits / 8`` bytes (``block``
+    is a multiple of 8), the ragged last block at its own length, not padded to a block.
+    A 32-element bias in blocks of 1024 at 2 bits is 8 bytes of codes, not 256."""
+    return -(-n * bits // 8)
+
+
+def _pack_rows(
+    codes: torch.Tensor, bits: int, packed: torch.Tensor, first: int, last: int, block: int
+) -> None:
+    """Pack blocks ``[first, last)`` into their place in ``packed``; a ragged last
+    block's codes are packed whole in a scratch and only its own length kept."""
+    row_bytes = block * bits // 8
+    dest = packed[first * row_bytes : last * row_bytes]
+    whole = (last - first) * row_bytes
+    if dest.numel() == whole:
+        _pack_codes(codes, bits, dest)
+        return
+    staging = SCRATCH.take("ecsgd-packed", whole, torch.uint8)
+    _pack_codes(codes, bits, staging)
+    dest.copy_(staging[: dest.numel()])
+
+
+def _packed_rows(packed: torch.Tensor, first: int, last: int, row_bytes: int) -> torch.Tensor:
+    """The packed codes of blocks ``[first, last)``, a ragged last block padded with zero
+    codes to a whole one (in a scratch) so that every block unpacks alike."""
+    rows = packed[first * row_bytes : last * row_bytes]
+    whole = (last - first) * row_bytes
+    if rows.numel() == whole:
+        return rows
+    padded = SCRATCH.take("ecsgd-unpacked", whole, torch.uint8)
+    padded[: rows.numel()].copy_(rows)
+    padded[rows.numel() :].zero_()
+    return padded
 
 
 def _pack_codes(codes: torch.Tensor, bits: int, out: torch.Tensor) -> None:

@@ -55,12 +55,11 @@ def rounding_seed(seed: int, sender: str, round_: int, rank: int = 0) -> list[in
 
 def payload_codec(payload: bytes) -> str:
     """The codec name a payload's frame says encoded it."""
-    if len(payload) < 6 or payload[:4] != frame.MAGIC:
-        raise PayloadError("payload does not start with the skyfed frame magic")
+    wire_id = frame.codec_id(payload)
     try:
-        return _BY_WIRE_ID[payload[5]].name
+        return _BY_WIRE_ID[wire_id].name
     except KeyError:
-        raise PayloadError(f"payload names unknown codec id {payload[5]}") from None
+        raise PayloadError(f"payload names unknown codec id {wire_id}") from None
 
 
 def decode_payload(
@@ -140,5 +139,5 @@ def needs_check_scratch(payload: bytes) -> bool:
 
 
 def _decoder(payload: bytes) -> Codec:
-    payload_codec(payload)
-    return _DECODERS[payload[5]]
+    payload_codec(payload)  # the id checked, and named if it is unknown
+    return _DECODERS[frame.codec_id(payload)]

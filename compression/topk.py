@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,17 +33,13 @@ from skyfed.compression.select import TopKSelector, quantile
 # elements per kept element, so a tiny payload cannot claim a huge tensor.
 MIN_DENSITY = 1e-6
 _VALUE_KINDS = ("int8", "fp16")
-# Value kind 2: low-bit values (compression/lowbit.py); its parameters follow _PARAMS.
+# Value kind 2: low-bit values (compression/lowbit.py), with their bits and block.
 _LOWBIT_KIND = 2
 _BITS = (*lowbit.BITS, 8)
 _INDEX_VARINT, _INDEX_BITMAP = 0, 1
 # Elements sampled to set one threshold over a set of tensors (all of a model this size).
 _PLAN_SAMPLE = 1 << 20
-# value kind u8 | index kind u8 | index zstd u8 | pad | k u64 | scale f32 | index raw bytes u64
-# (the scale is the floor f for low-bit values)
-_PARAMS = struct.Struct("<BBBxQfQ")
-# low-bit values only: bits u8 | pad | block u32
-_LOWBIT = struct.Struct("<BxxxI")
+_SCALE = struct.Struct("<f")
 # Stateless: its buffers are per-thread scratch (base.SCRATCH).
 _SELECTOR = TopKSelector()
 
@@ -193,9 +190,10 @@ class TopK(Codec):
             rounding_error, lambda: _pack_indices(idx_k.numpy(), flat.numel())
         )
         value_kind = _VALUE_KINDS.index(self.values) if self.bits == 8 else _LOWBIT_KIND
-        params = _PARAMS.pack(value_kind, index_kind, zstd, len(idx_k), scale, raw_len)
-        if value_kind == _LOWBIT_KIND:
-            params += _LOWBIT.pack(self.bits, lowbit.DEFAULT_BLOCK)
+        lowbit_block = lowbit.DEFAULT_BLOCK if value_kind == _LOWBIT_KIND else 0
+        params = Params(
+            value_kind, index_kind, zstd, len(idx_k), scale, raw_len, self.bits, lowbit_block
+        ).pack()
         payload = frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out)
         return payload, idx_k, kept_k, sent_k
 
@@ -274,7 +272,7 @@ class TopK(Codec):
         f = frame.unpack(payload, max_body=0, shape=shape)
         if f.codec != self.wire_id:
             raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
-        value_kind, index_kind, zstd, k, scale, raw_len, bits, block = _parse_params(f)
+        value_kind, index_kind, zstd, k, scale, raw_len, bits, block = _checked_params(f)
         if value_kind == _LOWBIT_KIND:
             size = lowbit.section_bytes(k, bits, block)
             values_k = lowbit.decode_section(f.body[:size], k, bits, block, float(scale))
@@ -466,27 +464,86 @@ def _pack_indices(idx_k: np.ndarray, numel: int) -> tuple[int, int, int, bytes |
     return kind, 0, len(raw), raw
 
 
-def _parse_params(f: frame.Frame) -> tuple[int, int, int, int, np.float32, int, int, int]:
-    """The parameters, checked: layout 1 (INT8 or FP16 values, 24 bytes) or layout 2
-    (low-bit values: 8 more bytes with the bits and the block); bits 8, block 0 for 1."""
-    value_kind = f.params[0] if f.params else -1
-    size = _PARAMS.size + (_LOWBIT.size if value_kind == _LOWBIT_KIND else 0)
-    if len(f.params) != size:
-        raise PayloadError(f"topk payload has {len(f.params)} parameter bytes")
-    value_kind, index_kind, zstd, k, scale, raw_len = _PARAMS.unpack_from(f.params)
-    bits, block = _LOWBIT.unpack_from(f.params, _PARAMS.size) if size > _PARAMS.size else (8, 0)
-    if size > _PARAMS.size and (bits not in lowbit.BITS or not 1 <= block <= lowbit.MAX_BLOCK):
+@dataclass(frozen=True, slots=True)
+class Params:
+    """A Top-k frame's parameters, in the order they travel.
+
+    Layout: ``kinds u8`` (value kind in bits 0-1, index kind in bit 2, index zstd in bit
+    3) | ``k`` varint | ``scale`` f32 (the floor ``f`` for low-bit values) | index raw
+    bytes varint | low-bit values only: ``bits u8`` | ``block`` varint. 7-11 bytes on
+    the bench's tensors, where version 1's fixed fields took 24-32.
+    """
+
+    value_kind: int
+    index_kind: int
+    zstd: int
+    k: int
+    scale: float
+    raw_len: int
+    bits: int = 8
+    block: int = 0
+    """The low-bit values' block (0 for INT8 and FP16 values)."""
+
+    def pack(self) -> bytes:
+        out = bytearray((self.value_kind | self.index_kind << 2 | self.zstd << 3,))
+        frame.put_varint(out, self.k)
+        out += _SCALE.pack(self.scale)
+        frame.put_varint(out, self.raw_len)
+        if self.value_kind == _LOWBIT_KIND:
+            out.append(self.bits)
+            frame.put_varint(out, self.block)
+        return bytes(out)
+
+    @classmethod
+    def unpack(cls, params: bytes) -> Params:
+        """The fields as they lie, their ranges not yet checked (:func:`_checked_params`)."""
+        if not params:
+            raise PayloadError("topk payload has no parameters")
+        kinds = params[0]
+        if kinds >> 4:
+            raise PayloadError(f"topk parameters are corrupt (kinds {kinds:#x})")
+        k, at = frame.get_varint(params, 1, "topk parameters")
+        if len(params) < at + _SCALE.size:
+            raise PayloadError(f"topk payload has {len(params)} parameter bytes")
+        (scale,) = _SCALE.unpack_from(params, at)
+        raw_len, at = frame.get_varint(params, at + _SCALE.size, "topk parameters")
+        bits, block, value_kind = 8, 0, kinds & 3
+        if value_kind == _LOWBIT_KIND:
+            if len(params) <= at:
+                raise PayloadError(f"topk payload has {len(params)} parameter bytes")
+            bits = params[at]
+            block, at = frame.get_varint(params, at + 1, "topk parameters")
+        if at != len(params):
+            raise PayloadError(f"topk payload has {len(params)} parameter bytes")
+        return cls(value_kind, kinds >> 2 & 1, kinds >> 3 & 1, k, scale, raw_len, bits, block)
+
+
+def _checked_params(f: frame.Frame) -> tuple[int, int, int, int, np.float32, int, int, int]:
+    """The parameters, checked against the frame's shape; bits 8, block 0 for INT8 and
+    FP16 values."""
+    p = Params.unpack(f.params)
+    value_kind, k, scale, raw_len, bits, block = (
+        p.value_kind,
+        p.k,
+        p.scale,
+        p.raw_len,
+        p.bits,
+        p.block,
+    )
+    if value_kind == _LOWBIT_KIND and (
+        bits not in lowbit.BITS or not 1 <= block <= lowbit.MAX_BLOCK
+    ):
         raise PayloadError(f"topk low-bit parameters are corrupt (bits={bits}, block={block})")
-    if value_kind > _LOWBIT_KIND or index_kind > _INDEX_BITMAP or zstd > 1:
-        raise PayloadError(f"topk parameters are corrupt ({value_kind}, {index_kind}, {zstd})")
+    if value_kind > _LOWBIT_KIND:
+        raise PayloadError(f"topk parameters are corrupt (value kind {value_kind})")
     if k > f.numel or (f.numel and not f.numel <= max(k, 1) / MIN_DENSITY) or (f.numel and not k):
         raise PayloadError(f"topk payload keeps {k} of {f.numel} elements")
     if not (math.isfinite(scale) and scale >= 0.0):
         raise PayloadError(f"topk payload has scale {scale}")
-    limit = (f.numel + 7) // 8 if index_kind == _INDEX_BITMAP else k * packing.MAX_VARINT_BYTES
+    limit = (f.numel + 7) // 8 if p.index_kind == _INDEX_BITMAP else k * packing.MAX_VARINT_BYTES
     if raw_len > limit:
         raise PayloadError(f"topk index section claims {raw_len} bytes, at most {limit}")
-    return value_kind, index_kind, zstd, k, np.float32(scale), raw_len, bits, block
+    return value_kind, p.index_kind, p.zstd, k, np.float32(scale), raw_len, bits, block
 
 
 def _decode_values(body: memoryview, kind: int, k: int, scale: np.float32) -> torch.Tensor:

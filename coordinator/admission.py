@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from skyfed.certs.identity import Identity
-from skyfed.compression import make_codec
+from skyfed.compression import frame, make_codec
 from skyfed.errors import (
     IdentityMismatchError,
     ModelMismatchError,
@@ -24,6 +24,7 @@ from skyfed.errors import (
     ProtocolError,
     UnsupportedDigestError,
     UnsupportedExchangeError,
+    UnsupportedFrameError,
 )
 from skyfed.fingerprint import DIGEST_PREFIX, describe_mismatch, is_weights_digest
 from skyfed.proto.chunks import cut_all
@@ -72,6 +73,11 @@ class Admission:
             raise UnsupportedDigestError(
                 f"the agent's weights digest is from before {DIGEST_PREFIX!r} (a sha256 tree); "
                 f"this coordinator compares the {DIGEST_PREFIX!r} crc32 tree: upgrade the agent"
+            )
+        if hello.frame_version != frame.VERSION:  # every payload either way would be refused
+            raise UnsupportedFrameError(
+                f"the agent speaks payload frames version {hello.frame_version or 1}; this "
+                f"coordinator speaks version {frame.VERSION}: run the same skyfed on both"
             )
         offered = list(hello.exchanges) or ["delta"]  # agents from before the field
         if fed.config.exchange not in offered:

@@ -19,6 +19,7 @@ from skyfed.errors import (
     TooManyStreamsError,
     UnsupportedDigestError,
     UnsupportedExchangeError,
+    UnsupportedFrameError,
 )
 
 # The one place domain errors become gRPC status codes.
@@ -31,6 +32,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     ModelMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedExchangeError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedDigestError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedFrameError: grpc.StatusCode.FAILED_PRECONDITION,
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,

@@ -28,7 +28,7 @@ class Shard(_message.Message):
     def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps")
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps", "frame_version")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class Hello(_message.Message):
     EXCHANGES_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAMS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_VERSION_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     task: str
@@ -51,10 +52,11 @@ class Hello(_message.Message):
     exchanges: _containers.RepeatedScalarFieldContainer[str]
     max_streams: int
     local_steps: int
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ...) -> None: ...
+    frame_version: int
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ..., frame_version: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams")
+    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams", "frame_version")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +74,7 @@ class Welcome(_message.Message):
     OVERLAP_FIELD_NUMBER: _ClassVar[int]
     STRIPE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_VERSION_FIELD_NUMBER: _ClassVar[int]
     round: int
     weights_follow: bool
     codec: str
@@ -89,7 +92,8 @@ class Welcome(_message.Message):
     overlap: bool
     stripe_token: bytes
     streams: int
-    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ..., stripe_token: _Optional[bytes] = ..., streams: _Optional[int] = ...) -> None: ...
+    frame_version: int
+    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ..., stripe_token: _Optional[bytes] = ..., streams: _Optional[int] = ..., frame_version: _Optional[int] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes", "timing")

@@ -39,6 +39,10 @@ class UnsupportedDigestError(FederationError):
     """A peer that names weights by another digest than this one (one from before v3)."""
 
 
+class UnsupportedFrameError(FederationError):
+    """A peer that speaks another payload frame version than this one."""
+
+
 class RevokedError(FederationError):
     """A peer whose certificate is on the CRL or carries no valid identity."""
 

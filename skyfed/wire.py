@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from skyfed.compression.frame import VERSION as FRAME_VERSION
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 
@@ -99,6 +100,9 @@ class Hello:
     local_steps: int = 0
     """Optimizer steps between its exchanges (0: not said, an agent from before the
     field); the link policy's long-phase rule reads it (docs/compression.md)."""
+    frame_version: int = FRAME_VERSION
+    """The payload frame it speaks (``compression/frame.py``; 0 on the wire: version 1,
+    an agent from before the field)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +189,9 @@ class Welcome:
     """Joins a Stripe call to this session (empty: the session does not stripe)."""
     streams: int = 0
     """Connections to stripe over, the primary included."""
+    frame_version: int = FRAME_VERSION
+    """The payload frame it speaks (0 on the wire: version 1, a coordinator from before
+    the field)."""
 
 
 @dataclass(frozen=True, slots=True)

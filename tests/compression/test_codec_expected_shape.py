@@ -3,6 +3,7 @@ it claims is allocated: a kilobyte cannot cost gigabytes (issue #22, item 3)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 import zstandard
 
 from skyfed.compression import PayloadError, decode_add_payload, decode_payload, frame, make_codec
-from skyfed.compression.topk import _PARAMS as TOPK_PARAMS
+from skyfed.compression.topk import Params as TopkParams
 
 # Every codec; Top-k keeping 540 of 20,000 elements, as delta varints: on its own terms
 # (a density floor of 1e-6) such a frame may claim up to 5.4e8 elements.
@@ -97,11 +98,11 @@ def test_a_frame_of_another_shape_is_refused_on_every_decode_path(name: str, par
 def test_a_topk_index_section_inflating_past_its_header_is_refused_before_allocating() -> None:
     payload = make_codec("topk", **TOPK_540).encode(torch.randn(SMALL))
     f = frame.unpack(payload, max_body=0)
-    value_kind, index_kind, _, k, scale, _ = TOPK_PARAMS.unpack(f.params)
+    p = TopkParams.unpack(f.params)
     bomb = zstandard.ZstdCompressor().compress(b"\1" * (64 << 20))  # 64 MiB from ~2 KB
-    most = (SMALL[0] + 7) // 8 if index_kind else 5 * k  # the most the header allows
-    params = TOPK_PARAMS.pack(value_kind, index_kind, 1, k, scale, most)
-    forged = frame.pack(f.codec, SMALL, params, f.body[:k], bomb)
+    most = (SMALL[0] + 7) // 8 if p.index_kind else 5 * p.k  # the most the header allows
+    params = dataclasses.replace(p, zstd=1, raw_len=most).pack()
+    forged = frame.pack(f.codec, SMALL, params, f.body[: p.k], bomb)
 
     def refuse() -> None:
         with pytest.raises(PayloadError, match="zstd body claims"):

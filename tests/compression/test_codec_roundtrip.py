@@ -181,3 +181,19 @@ def test_wire_ratio_meets_its_floor(name: str, params: dict, floor: float) -> No
     x = _tensor((1 << 20,), 1.0, 5)
     payload = make_codec(name, **params).encode(x)
     assert 4 * x.numel() / len(payload) >= floor
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+@pytest.mark.parametrize("n", [1, 7, 33, 1023, 1025, 2100])
+def test_ecsgd_codes_a_ragged_last_block_at_its_own_length(bits: int, n: int) -> None:
+    codec = make_codec("ecsgd", bits=bits, block=1024)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    payload = codec.encode(x)
+    f = frame.unpack(payload, max_body=0, shape=(n,))
+    blocks = -(-n // 1024)
+    assert len(f.body) == 4 * blocks + math.ceil(n * bits / 8)  # scales, then codes
+    # Decoded whole and added block by block, the ragged block's codes read alike.
+    y = decode_payload(payload, shape=(n,))
+    assert torch.equal(codec.decode_add(payload, torch.zeros(n)), y)
+    scale = float(x.abs().max())
+    assert float((y - x).abs().max()) <= 2 * scale + 1e-6

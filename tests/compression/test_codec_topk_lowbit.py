@@ -1,8 +1,9 @@
 """Top-k with 2-4 bit values: each within half a step of its block's levels, everything
-not sent kept by error feedback, malformed frames refused, old frames still decoded."""
+not sent kept by error feedback, malformed frames refused, version-1 frames named."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -14,7 +15,7 @@ from skyfed.compression import PayloadError, decode_payload, frame, make_codec
 from skyfed.compression.lowbit import DEFAULT_BLOCK
 from skyfed.compression.policy import PolicyConfig
 from skyfed.compression.spec import codec_from_spec, parse_spec
-from skyfed.compression.topk import _LOWBIT, _PARAMS
+from skyfed.compression.topk import Params
 
 BITS = [2, 3, 4]
 
@@ -86,29 +87,30 @@ def _with_params(f: frame.Frame, params: bytes, body: bytes | memoryview | None 
 @pytest.mark.parametrize("wrong", [0, 1, 5, 8, 255])
 def test_a_frame_with_an_unknown_width_is_refused(wrong: int) -> None:
     _, f = _lowbit_frame()
-    head = f.params[: _PARAMS.size]
+    params = dataclasses.replace(Params.unpack(f.params), bits=wrong).pack()
     with pytest.raises(PayloadError, match="low-bit parameters"):
-        decode_payload(_with_params(f, head + _LOWBIT.pack(wrong, DEFAULT_BLOCK)), shape=f.shape)
+        decode_payload(_with_params(f, params), shape=f.shape)
 
 
 def test_a_frame_claiming_another_width_or_block_is_refused() -> None:
     _, f = _lowbit_frame(bits=2)
-    head = f.params[: _PARAMS.size]
+    p = Params.unpack(f.params)
     for bits, block in [(3, DEFAULT_BLOCK), (4, DEFAULT_BLOCK), (2, 64), (2, 0)]:
+        params = dataclasses.replace(p, bits=bits, block=block).pack()
         with pytest.raises(PayloadError):
-            decode_payload(_with_params(f, head + _LOWBIT.pack(bits, block)), shape=f.shape)
+            decode_payload(_with_params(f, params), shape=f.shape)
 
 
 def test_a_frame_whose_counts_disagree_is_refused() -> None:
     _, f = _lowbit_frame()
-    kind, index_kind, zstd, k, floor, raw_len = _PARAMS.unpack_from(f.params)
-    tail = f.params[_PARAMS.size :]
-    for other_k in (k - 1, k + 1, k + 8, 2 * k):
-        params = _PARAMS.pack(kind, index_kind, zstd, other_k, floor, raw_len) + tail
+    p = Params.unpack(f.params)
+    for other_k in (p.k - 1, p.k + 1, p.k + 8, 2 * p.k):
         with pytest.raises(PayloadError):
-            decode_payload(_with_params(f, params), shape=f.shape)
+            decode_payload(_with_params(f, dataclasses.replace(p, k=other_k).pack()), shape=f.shape)
+    without_lowbit = dataclasses.replace(p, value_kind=0).pack()
+    lowbit_kind_alone = bytes((f.params[0],)) + without_lowbit[1:]  # kind 2, no bits or block
     with pytest.raises(PayloadError, match="parameter bytes"):
-        decode_payload(_with_params(f, f.params[: _PARAMS.size]), shape=f.shape)  # layout 1 size
+        decode_payload(_with_params(f, lowbit_kind_alone), shape=f.shape)
 
 
 def test_block_scales_below_the_floor_or_not_finite_are_refused() -> None:
@@ -133,11 +135,28 @@ OLD_FP16 = bytes.fromhex(
 
 
 @pytest.mark.parametrize(("old", "values"), [(OLD_INT8, "int8"), (OLD_FP16, "fp16")])
-def test_frames_from_before_low_bit_values_still_decode_and_are_still_made(old, values) -> None:
+def test_version_1_frames_are_refused_naming_the_upgrade_and_their_sections_are_kept(
+    old, values
+) -> None:
     x = torch.linspace(-1, 1, 40).reshape(5, 8) ** 3
-    codec = make_codec("topk", density=0.2, dense_below=0, values=values)
-    assert codec.encode(x) == old
-    y = decode_payload(old, shape=(5, 8))
+    with pytest.raises(PayloadError, match="version-1 frame.*upgrade"):
+        decode_payload(old, shape=(5, 8))
+    new = make_codec("topk", density=0.2, dense_below=0, values=values).encode(x)
+    # The same values and index sections: only the header and the parameters shrank.
+    # Version 1: magic, version, codec, flags, ndim, 2 dims u64, params_len u32, 24 bytes.
+    old_params = old[28:52]
+    old_body = old[52:]
+    f = frame.unpack(new, max_body=0, shape=(5, 8))
+    assert bytes(f.body) == old_body
+    assert len(new) - len(f.body) == 16  # version 1: 52 bytes before the body
+    p = Params.unpack(f.params)
+    assert (p.value_kind, p.index_kind, p.zstd, p.k) == (
+        old_params[0],
+        old_params[1],
+        old_params[2],
+        int.from_bytes(old_params[4:12], "little"),
+    )
+    y = decode_payload(new, shape=(5, 8))
     kept = y != 0
     assert int(kept.sum()) == 8
     assert torch.allclose(y[kept], x[kept], rtol=2**-6)

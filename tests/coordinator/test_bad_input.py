@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from skyfed.compression import make_codec
+from skyfed.compression import frame, make_codec
 from skyfed.fingerprint import model_spec, sha256_weights_digest, weights_digest
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.chunks import cut_all
@@ -38,6 +38,7 @@ def join(
     weights, spec = model_and_spec()
     agent.send(
         hello=pb.Hello(
+            frame_version=frame.VERSION,
             cloud=cloud,
             name=name,
             task="chargpt",
@@ -146,7 +147,11 @@ CASES = {
         grpc.StatusCode.INVALID_ARGUMENT,
         "codec",
     ),
-    "garbled-payload": (_mutate_chunk(_garble), grpc.StatusCode.INVALID_ARGUMENT, "magic"),
+    "garbled-payload": (
+        _mutate_chunk(_garble),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "not a skyfed frame",
+    ),
 }
 
 
@@ -218,7 +223,13 @@ def test_agent_without_the_federations_exchange_is_failed_precondition(serve, ra
     running = serve(exchange="gradient")
     agent = raw_agent(running.port, "aws-1")
     _, spec = model_and_spec()
-    hello = pb.Hello(cloud="aws", name="aws-1", tensors=specs_to_proto(spec), last_round=-1)
+    hello = pb.Hello(
+        frame_version=frame.VERSION,
+        cloud="aws",
+        name="aws-1",
+        tensors=specs_to_proto(spec),
+        last_round=-1,
+    )
     agent.send(hello=hello)  # an agent from before gradient exchange offers none: delta
     code, details = agent.ended()
     assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -244,6 +255,25 @@ def test_an_agent_with_the_sha256_weights_digest_from_before_v3_is_refused_in_on
     code, details = agent.ended()
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "from before 'w3:'" in details and "upgrade the agent" in details
+    assert "\n" not in details
+
+
+def test_an_agent_speaking_version_1_frames_is_refused_in_one_line(serve, raw_agent):
+    """Its uplinks would be refused one by one, and it could not read a broadcast."""
+    running = serve()
+    agent = raw_agent(running.port, "aws-1")
+    weights, spec = model_and_spec()
+    hello = pb.Hello(  # an agent from before the field sends none: 0
+        cloud="aws",
+        name="aws-1",
+        tensors=specs_to_proto(spec),
+        last_round=-1,
+        weights_digest=weights_digest(weights),
+    )
+    agent.send(hello=hello)
+    code, details = agent.ended()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "speaks payload frames version 1" in details and "version 2" in details
     assert "\n" not in details
 
 

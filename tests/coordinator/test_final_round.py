@@ -9,6 +9,7 @@ import time
 import grpc
 import pytest
 
+from skyfed.compression import frame
 from skyfed.procs import command
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto.serde import specs_to_proto
@@ -55,6 +56,7 @@ def test_an_agent_joining_after_the_last_round_gets_the_final_weights(serve, raw
     # that never opens.
     late.send(
         hello=pb.Hello(
+            frame_version=frame.VERSION,
             cloud="gcp",
             name="gcp-1",
             task="chargpt",

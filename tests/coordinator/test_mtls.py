@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from skyfed.certs.testing import make_federation
+from skyfed.compression import frame
 from skyfed.fingerprint import model_spec
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
@@ -37,7 +38,12 @@ def status_call(port: int, creds: grpc.ChannelCredentials) -> tuple[grpc.StatusC
 def hello(cloud: str, name: str) -> pb.Hello:
     spec = model_spec(load_task("chargpt").build_model(0).named_parameters())
     return pb.Hello(
-        cloud=cloud, name=name, task="chargpt", tensors=specs_to_proto(spec), last_round=-1
+        frame_version=frame.VERSION,
+        cloud=cloud,
+        name=name,
+        task="chargpt",
+        tensors=specs_to_proto(spec),
+        last_round=-1,
     )
 
 

@@ -17,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from skyfed.compression import frame
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.server import run_server
 from skyfed.fingerprint import weights_digest
@@ -131,6 +132,7 @@ def _hello(cloud: str, name: str) -> pb.AgentMessage:
     weights, spec = model_and_spec()
     return pb.AgentMessage(
         hello=pb.Hello(
+            frame_version=frame.VERSION,
             cloud=cloud,
             name=name,
             task="chargpt",

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from skyfed.compression import codec_names
+from skyfed.compression import codec_names, frame
 from skyfed.coordinator.links import CodecRun
 from skyfed.fingerprint import weights_digest
 from skyfed.probe_packet import PROBE, Packet, pack
@@ -32,6 +32,7 @@ def join(agent, cloud: str, name: str, local_steps: int = 0) -> pb.Welcome:
     the field, which leaves it unset)."""
     weights, spec = model_and_spec()
     hello = pb.Hello(
+        frame_version=frame.VERSION,
         cloud=cloud,
         name=name,
         task="chargpt",
