@@ -236,12 +236,9 @@ def test_agent_without_the_federations_exchange_is_failed_precondition(serve, ra
     assert "exchanges 'gradient'" in details and "['delta']" in details
 
 
-def test_an_agent_with_the_sha256_weights_digest_from_before_v3_is_refused_in_one_line(
-    serve, raw_agent
-):
-    """Its digest would never match ours: resynced, it would be sent the weights again
-    every round instead of hearing why."""
-    running = serve()
+def _precondition_refusal(running, raw_agent, digest_of) -> str:
+    """The details of a hello refused at admission, naming the weights by ``digest_of``
+    and, like an agent from before the field, no frame version unless told."""
     agent = raw_agent(running.port, "aws-1")
     weights, spec = model_and_spec()
     hello = pb.Hello(
@@ -249,32 +246,28 @@ def test_an_agent_with_the_sha256_weights_digest_from_before_v3_is_refused_in_on
         name="aws-1",
         tensors=specs_to_proto(spec),
         last_round=-1,
-        weights_digest=sha256_weights_digest(weights),
+        weights_digest=digest_of(weights),
     )
     agent.send(hello=hello)
     code, details = agent.ended()
     assert code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "from before 'w3:'" in details and "upgrade the agent" in details
     assert "\n" not in details
+    return details
+
+
+def test_an_agent_with_the_sha256_weights_digest_from_before_v3_is_refused_in_one_line(
+    serve, raw_agent
+):
+    """Its digest would never match ours: resynced, it would be sent the weights again
+    every round instead of hearing why."""
+    details = _precondition_refusal(serve(), raw_agent, sha256_weights_digest)
+    assert "from before 'w3:'" in details and "upgrade the agent" in details
 
 
 def test_an_agent_speaking_version_1_frames_is_refused_in_one_line(serve, raw_agent):
     """Its uplinks would be refused one by one, and it could not read a broadcast."""
-    running = serve()
-    agent = raw_agent(running.port, "aws-1")
-    weights, spec = model_and_spec()
-    hello = pb.Hello(  # an agent from before the field sends none: 0
-        cloud="aws",
-        name="aws-1",
-        tensors=specs_to_proto(spec),
-        last_round=-1,
-        weights_digest=weights_digest(weights),
-    )
-    agent.send(hello=hello)
-    code, details = agent.ended()
-    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    details = _precondition_refusal(serve(), raw_agent, weights_digest)
     assert "speaks payload frames version 1" in details and "version 2" in details
-    assert "\n" not in details
 
 
 def test_model_mismatch_is_failed_precondition(serve, raw_agent):

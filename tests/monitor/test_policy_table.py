@@ -130,12 +130,15 @@ def test_thresholds_and_codecs_are_configurable():
     assert warm.codec_params("topk")["density"] == 0.001  # no round: after warm-up
 
 
-def test_ecsgd_block_shrinks_a_small_tensors_payload_and_still_decodes():
-    x = torch.randn(32)  # a bias: one block either way, 128 or 1024 elements long
+def test_ecsgd_block_reaches_the_codec_and_a_small_tensor_costs_its_own_length():
     small = make_codec("ecsgd", seed=0, **PolicyConfig(ecsgd_block=128).codec_params("ecsgd"))
     default = make_codec("ecsgd", seed=0, **PolicyConfig().codec_params("ecsgd"))
-    assert len(default.encode(x)) - len(small.encode(x)) == (1024 - 128) * 2 // 8
-    decoded = decode_payload(small.encode(x), shape=(32,))
+    bias, weight = torch.randn(32), torch.randn(2048)
+    # A bias is one ragged block either way, at its own length: 4 bytes of scale, 8 of codes.
+    assert len(default.encode(bias)) == len(small.encode(bias))
+    # The weight takes 16 scales in blocks of 128 against 2 in 1024.
+    assert len(small.encode(weight)) - len(default.encode(weight)) == (16 - 2) * 4
+    decoded = decode_payload(small.encode(bias), shape=(32,))
     assert decoded.shape == (32,) and bool(torch.isfinite(decoded).all())
 
 
