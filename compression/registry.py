@@ -55,11 +55,7 @@ def rounding_seed(seed: int, sender: str, round_: int, rank: int = 0) -> list[in
 
 def payload_codec(payload: bytes) -> str:
     """The codec name a payload's frame says encoded it."""
-    wire_id = frame.codec_id(payload)
-    try:
-        return _BY_WIRE_ID[wire_id].name
-    except KeyError:
-        raise PayloadError(f"payload names unknown codec id {wire_id}") from None
+    return _decoder(payload).name
 
 
 def decode_payload(
@@ -139,5 +135,8 @@ def needs_check_scratch(payload: bytes) -> bool:
 
 
 def _decoder(payload: bytes) -> Codec:
-    payload_codec(payload)  # the id checked, and named if it is unknown
-    return _DECODERS[frame.codec_id(payload)]
+    wire_id = frame.codec_id(payload)
+    try:
+        return _DECODERS[wire_id]
+    except KeyError:
+        raise PayloadError(f"payload names unknown codec id {wire_id}") from None
