@@ -272,14 +272,14 @@ class TopK(Codec):
         f = frame.unpack(payload, max_body=0, shape=shape)
         if f.codec != self.wire_id:
             raise PayloadError(f"payload is codec {f.codec}, not {self.name}")
-        value_kind, index_kind, zstd, k, scale, raw_len, bits, block = _checked_params(f)
-        if value_kind == _LOWBIT_KIND:
-            size = lowbit.section_bytes(k, bits, block)
-            values_k = lowbit.decode_section(f.body[:size], k, bits, block, float(scale))
+        p = _checked_params(f)
+        if p.value_kind == _LOWBIT_KIND:
+            size = lowbit.section_bytes(p.k, p.bits, p.block)
+            values_k = lowbit.decode_section(f.body[:size], p.k, p.bits, p.block, p.scale)
         else:
-            size = k * (1 if value_kind == 0 else 2)
-            values_k = _decode_values(f.body[:size], value_kind, k, scale)
-        idx_k = _unpack_indices(f.body[size:], index_kind, zstd, raw_len, k, f.numel)
+            size = p.k * (1 if p.value_kind == 0 else 2)
+            values_k = _decode_values(f.body[:size], p.value_kind, p.k, np.float32(p.scale))
+        idx_k = _unpack_indices(f.body[size:], p.index_kind, p.zstd, p.raw_len, p.k, f.numel)
         return f, torch.from_numpy(idx_k), values_k
 
     def plan(
@@ -470,7 +470,7 @@ class Params:
 
     Layout: ``kinds u8`` (value kind in bits 0-1, index kind in bit 2, index zstd in bit
     3) | ``k`` varint | ``scale`` f32 (the floor ``f`` for low-bit values) | index raw
-    bytes varint | low-bit values only: ``bits u8`` | ``block`` varint. 7-11 bytes on
+    bytes varint | low-bit values only: ``bits u8`` | ``block`` varint. 7-12 bytes on
     the bench's tensors, where version 1's fixed fields took 24-32.
     """
 
@@ -518,32 +518,24 @@ class Params:
         return cls(value_kind, kinds >> 2 & 1, kinds >> 3 & 1, k, scale, raw_len, bits, block)
 
 
-def _checked_params(f: frame.Frame) -> tuple[int, int, int, int, np.float32, int, int, int]:
-    """The parameters, checked against the frame's shape; bits 8, block 0 for INT8 and
-    FP16 values."""
+def _checked_params(f: frame.Frame) -> Params:
+    """The parameters, checked against the frame's shape before anything is allocated."""
     p = Params.unpack(f.params)
-    value_kind, k, scale, raw_len, bits, block = (
-        p.value_kind,
-        p.k,
-        p.scale,
-        p.raw_len,
-        p.bits,
-        p.block,
-    )
-    if value_kind == _LOWBIT_KIND and (
-        bits not in lowbit.BITS or not 1 <= block <= lowbit.MAX_BLOCK
+    if p.value_kind == _LOWBIT_KIND and (
+        p.bits not in lowbit.BITS or not 1 <= p.block <= lowbit.MAX_BLOCK
     ):
-        raise PayloadError(f"topk low-bit parameters are corrupt (bits={bits}, block={block})")
-    if value_kind > _LOWBIT_KIND:
-        raise PayloadError(f"topk parameters are corrupt (value kind {value_kind})")
-    if k > f.numel or (f.numel and not f.numel <= max(k, 1) / MIN_DENSITY) or (f.numel and not k):
-        raise PayloadError(f"topk payload keeps {k} of {f.numel} elements")
-    if not (math.isfinite(scale) and scale >= 0.0):
-        raise PayloadError(f"topk payload has scale {scale}")
-    limit = (f.numel + 7) // 8 if p.index_kind == _INDEX_BITMAP else k * packing.MAX_VARINT_BYTES
-    if raw_len > limit:
-        raise PayloadError(f"topk index section claims {raw_len} bytes, at most {limit}")
-    return value_kind, p.index_kind, p.zstd, k, np.float32(scale), raw_len, bits, block
+        raise PayloadError(f"topk low-bit parameters are corrupt (bits={p.bits}, block={p.block})")
+    if p.value_kind > _LOWBIT_KIND:
+        raise PayloadError(f"topk parameters are corrupt (value kind {p.value_kind})")
+    k, n = p.k, f.numel
+    if k > n or (n and not n <= max(k, 1) / MIN_DENSITY) or (n and not k):
+        raise PayloadError(f"topk payload keeps {k} of {n} elements")
+    if not (math.isfinite(p.scale) and p.scale >= 0.0):
+        raise PayloadError(f"topk payload has scale {p.scale}")
+    limit = (n + 7) // 8 if p.index_kind == _INDEX_BITMAP else k * packing.MAX_VARINT_BYTES
+    if p.raw_len > limit:
+        raise PayloadError(f"topk index section claims {p.raw_len} bytes, at most {limit}")
+    return p
 
 
 def _decode_values(body: memoryview, kind: int, k: int, scale: np.float32) -> torch.Tensor:

@@ -51,7 +51,7 @@ def test_padding_that_is_not_zeros_is_refused() -> None:
         frame.unpack(bytes(head), max_body=0)
 
 
-def test_a_header_of_a_small_2d_tensor_takes_a_quarter_of_version_1s() -> None:
+def test_a_header_of_a_small_2d_tensor_takes_a_third_of_version_1s() -> None:
     payload = make_codec("ecsgd", bits=1, block=128).encode(torch.randn(128, 32))
     f = frame.unpack(payload, max_body=0)
     # version, codec, flags and ndim 3; dims 2 + 1; params length 1; bits 1, block 2: 10,
