@@ -84,6 +84,8 @@ class Row:
     on_path_ms: float = float("nan")
     write_ms: float = float("nan")
     rounds: int = 0
+    stage: str = ""
+    """The coordinator's ``--stage-memory`` ("": its default)."""
     phases: phases.Breakdown | None = None
     """Where the rounds' time went (``--phases``)."""
 
@@ -148,7 +150,7 @@ def watch(
     return seen, thread
 
 
-def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
+def run(params: int, codec: str, args: argparse.Namespace, work: Path, stage: str = "") -> Row:
     spec = f"{TASK}?params={params}"
     certs = work / "certs"
     agents = [(CLOUDS[i % len(CLOUDS)], f"{CLOUDS[i % len(CLOUDS)]}-1") for i in range(args.agents)]
@@ -172,6 +174,8 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
         }
         if args.max_chunk_bytes:
             flags["--max-chunk-bytes"] = args.max_chunk_bytes
+        if stage:
+            flags["--stage-memory"] = stage
         coordinator = kids.start("coordinator", command("coordinator", "serve", *_argv(flags)), env)
         seen, watcher = watch(kids, status_file, ckpt_dir, stop)
         port = int(wait_for_file(work / "port", 300, coordinator))
@@ -196,6 +200,7 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path) -> Row:
         stop.set()
         watcher.join()
         row = _row(params, codec, args, work, seen, kids, agents)
+        row.stage = stage
         if args.phases:
             names = [n for _, n in agents]
             row.phases = phases.breakdown({n: kids.log(n) for n in ["coordinator", *names]}, names)
@@ -265,7 +270,8 @@ def table(rows: list[Row]) -> list[str]:
     ]
     for r in rows:
         lines.append(
-            f"| {size_text(r.params)} | {r.codec} | {r.round_s:.2f} | {r.train_s:.2f} "
+            f"| {size_text(r.params)} | {r.codec}{f', stage_memory {r.stage}' if r.stage else ''} "
+            f"| {r.round_s:.2f} | {r.train_s:.2f} "
             f"| {r.exchange_s:.2f} | {r.cpu_s:.2f} | {r.agent_cpu_s:.2f} "
             f"| {r.coordinator_rss:.1f}x "
             f"| {r.agent_rss:.1f}x | {r.on_path_ms:.0f} | {r.write_ms:.0f} |"
@@ -311,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         help="The coordinator's chunk bound, both directions (0: its default).",
     )
     parser.add_argument(
+        "--stage-memory",
+        default="",
+        help="The coordinator's --stage-memory, one run each (comma-separated, e.g. inf,1; "
+        "default: its own default).",
+    )
+    parser.add_argument(
         "--phases",
         action="store_true",
         help="Run every process at DEBUG and print where each round's time went (bench/phases.py).",
@@ -326,19 +338,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--agents must be 1..{len(CLOUDS)} and --rounds >= 3")
     if not 1 <= args.warmup <= args.rounds - 2:
         parser.error("--warmup must be 1..--rounds - 2 (CPU-s needs two rounds after it)")
+    stages = [s.strip() for s in args.stage_memory.split(",")] or [""]
     rows = []
     for size in sizes:
         for codec in codecs:
-            with tempfile.TemporaryDirectory(prefix="skyfed-scale-") as tmp:
-                work = Path(tmp) if args.keep is None else args.keep / f"{size_text(size)}-{codec}"
-                work.mkdir(parents=True, exist_ok=True)
-                started = time.monotonic()
-                rows.append(run(size, codec, args, work))
-                print(
-                    f"{size_text(size)} {codec}: done in {time.monotonic() - started:.0f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            for stage in stages:
+                with tempfile.TemporaryDirectory(prefix="skyfed-scale-") as tmp:
+                    name = f"{size_text(size)}-{codec}" + (f"-stage{stage}" if stage else "")
+                    work = Path(tmp) if args.keep is None else args.keep / name
+                    work.mkdir(parents=True, exist_ok=True)
+                    started = time.monotonic()
+                    rows.append(run(size, codec, args, work, stage))
+                    print(
+                        f"{name}: done in {time.monotonic() - started:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     lines = [
         f"{args.agents} agents, {args.rounds} rounds, --local-steps {args.local_steps}, "
         f"loopback; medians over rounds {args.warmup}..",

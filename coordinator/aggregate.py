@@ -15,14 +15,21 @@ A Top-k payload is held with the parse its check on arrival made (its kept indic
 values, 8 bytes a kept element: ``Codec.check_parsed``), and the close adds from that:
 the same additions in the same order, without parsing every staged uplink a second time
 on the round's critical path (docs/wan.md, Top-k's exchange).
+
+Past a budget (``stage_memory`` times the model's float32 bytes) the dense payloads that
+arrive are staged in an unlinked file instead, and the close reads them where they lie
+(``coordinator/spill.py``): what the coordinator holds for a round's uplinks then stops
+growing with the number of agents.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -37,9 +44,12 @@ from skyfed.compression import (
     payload_codec,
 )
 from skyfed.compression.base import pieces
+from skyfed.coordinator.spill import SPILL_MIN_BYTES, SpillFile
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
+
+log = logging.getLogger(__name__)
 
 CHECK_BUFFERS = 1
 """Payloads decoded at once for their check, each buffer as large as the largest tensor,
@@ -57,10 +67,28 @@ class RoundAggregate:
     outside it (on the session's reader thread).
     """
 
-    def __init__(self, spec: Sequence[TensorInfo]) -> None:
+    def __init__(
+        self,
+        spec: Sequence[TensorInfo],
+        *,
+        memory_bytes: int | None = None,
+        spill_dir: Path | None = None,
+    ) -> None:
+        """``memory_bytes``: the staged payloads' bytes held in memory at most, the rest
+        spilled to an unlinked file in ``spill_dir`` (None: all in memory)."""
         self.spec = list(spec)
         self.total_samples = 0
         self._committed: list[Contribution] = []
+        self.memory_bytes = memory_bytes
+        self.spill_dir = spill_dir
+        self.held = 0
+        """Bytes of staged payloads held in memory this round (withdrawn ones taken off)."""
+        self.spilled = 0
+        """Bytes of staged payloads spilled to disk this round."""
+        self._hold_lock = threading.Lock()
+        self._spill_capacity = sum(4 * t.numel + SPILL_MIN_BYTES for t in self.spec)
+        """A contribution's file is sized for every tensor in FP32 with room for headers;
+        a payload that does not fit stays in memory."""
 
     @property
     def committed(self) -> int:
@@ -79,18 +107,20 @@ class RoundAggregate:
             raise RuntimeError("no contribution was committed this round")
         if tuple(out.shape) != self.spec[tensor].shape or out.dtype != torch.float32:
             raise ValueError(f"out must be float32 {list(self.spec[tensor].shape)}")
+        ordered = sorted(self._committed, key=lambda c: c.key)
         terms = [
             (payload, parsed, contribution.samples * contribution.factor)
-            for contribution in sorted(self._committed, key=lambda c: c.key)
+            for contribution in ordered
             for payload, parsed in zip(
                 contribution.staged.get(tensor, ()), contribution.kept.get(tensor, ()), strict=True
             )
         ]
+        files = [c.spill for c in ordered if c.spill is not None]
         # Elementwise payloads (nothing kept by their check) sum piece by piece.
         if out.is_contiguous() and all(p.shard is None and k is None for p, k, _ in terms):
             steps = [decode_add_pieces_payload(p.data, out, alpha) for p, _, alpha in terms]
             if all(step is not None for step in steps):
-                return self._mean_by_pieces(out, steps)
+                return self._mean_by_pieces(out, steps, files)
         out.zero_()
         for payload, parsed, alpha in terms:
             into = _narrow(out, payload.shard)
@@ -98,18 +128,65 @@ class RoundAggregate:
                 decode_add_payload(payload.data, into, alpha)
             else:  # the check's parse (Top-k): bit for bit the decode_add above
                 parsed.add_into(into, alpha)
+            for file in files:
+                file.forget()
         return out.div_(self.total_samples)
 
-    def _mean_by_pieces(self, out: torch.Tensor, steps: list[Iterator[None]]) -> torch.Tensor:
+    def _mean_by_pieces(
+        self, out: torch.Tensor, steps: list[Iterator[None]], files: list[SpillFile]
+    ) -> torch.Tensor:
         """The same sum, one piece of ``out`` at a time: zeroed, every term added in key
         order, divided, while the piece is in cache (one pass over ``out``, not one per
-        term and two more; each element sees the same operations in the same order)."""
+        term and two more; each element sees the same operations in the same order).
+        The spilled payloads' pages are let go after each piece, so the process maps about
+        a piece of each at a time."""
         for _, view in pieces(out):
             view.zero_()
             for step in steps:
                 next(step)
             view.div_(self.total_samples)
+            for file in files:
+                file.forget()
         return out
+
+    def hold(self, contribution: Contribution, payload: Payload, parsed: Parsed | None) -> Payload:
+        """``payload`` as it is to be staged: in memory while the round's budget allows (or
+        where its check's parse is kept, or it is small), else spilled to its
+        contribution's file (the same bytes, read where they lie at the close)."""
+        nbytes = len(payload.data)
+        with self._hold_lock:
+            if (
+                self.memory_bytes is None
+                or parsed is not None
+                or nbytes < SPILL_MIN_BYTES
+                or self.held + nbytes <= self.memory_bytes
+            ):
+                self.held += nbytes
+                contribution.held += nbytes
+                return payload
+            file = contribution.spill
+        try:
+            if file is None:
+                file = contribution.spill = SpillFile(self.spill_dir, self._spill_capacity)
+            spilled = file.write(payload.data)
+        except OSError as exc:  # no room, no directory: memory is still exact
+            _warn_once(
+                f"[Coordinator.Stage] cannot stage uplinks in {self.spill_dir}: {exc.strerror}"
+            )
+            spilled = None
+        with self._hold_lock:
+            if spilled is None:  # no file, or its file is full: kept in memory after all
+                self.held += nbytes
+                contribution.held += nbytes
+                return payload
+            self.spilled += nbytes
+        return replace(payload, data=spilled)  # type: ignore[arg-type]
+
+    def let_go(self, contribution: Contribution) -> None:
+        """A withdrawn contribution's memory is no longer held: others may stage in it."""
+        with self._hold_lock:
+            self.held -= contribution.held
+            contribution.held = 0
 
     def mean(self) -> list[torch.Tensor]:
         """Every tensor's mean, in new tensors (tests and small models; the federation
@@ -146,6 +223,10 @@ class Contribution:
         """Beside each staged payload, the parse its check made (None: none kept), so the
         close adds from it and parses no staged uplink again (``Codec.check_parsed``)."""
         self._covered: dict[int, _Coverage] = {}
+        self.held = 0
+        """Bytes of its staged payloads held in memory (the round's budget counts them)."""
+        self.spill: SpillFile | None = None
+        """Its payloads staged on disk, past the round's budget (``coordinator/spill.py``)."""
         self.done = False
         self.factor = 1.0
         """What its update is scaled by in the mean (norm clipping, ``coordinator/robust.py``)."""
@@ -162,7 +243,7 @@ class Contribution:
         interval = coverage.claim(payload.shard)
         squares, parsed = _check_payload(payload, info)
         coverage.commit(interval)
-        return Checked(payload, squares, parsed)
+        return Checked(self._agg.hold(self, payload, parsed), squares, parsed)
 
     def stage(self, checked: Checked) -> None:
         """Hold a checked payload until the close, with its check's parse; the caller
@@ -171,6 +252,8 @@ class Contribution:
             payload = checked.payload
             self.staged.setdefault(payload.tensor, []).append(payload)
             self.kept.setdefault(payload.tensor, []).append(checked.parsed)
+        else:  # withdrawn while it was checked: what that check held goes too
+            self._agg.let_go(self)
 
     @property
     def complete(self) -> bool:
@@ -194,7 +277,9 @@ class Contribution:
         """Drop what was staged: the round's sum is exactly as if it never came."""
         self.staged.clear()
         self.kept.clear()
+        self.spill = None  # its file goes with the last view of it
         self.done = True
+        self._agg.let_go(self)
 
     def _spec(self, tensor: int) -> TensorInfo:
         if tensor >= len(self._agg.spec):
@@ -245,6 +330,15 @@ def _interval(info: TensorInfo, shard: ShardCoords) -> tuple[int, int, int]:
             f"shape {list(info.shape)}"
         )
     return dim, offset, offset + length
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s; holding them in memory", message)
 
 
 def _narrow(t: torch.Tensor, shard: ShardCoords) -> torch.Tensor:

@@ -91,6 +91,11 @@ def main() -> None:
 @click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
 @click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
+@click.option(
+    "--stage-dir",
+    type=click.Path(path_type=Path),
+    help="Where uplinks past --stage-memory wait for the close (a disk, not a tmpfs).",
+)
 @click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
 @click.option(
     "--status-file", type=click.Path(path_type=Path), help="Status JSON, rewritten each round."
@@ -101,6 +106,7 @@ def main() -> None:
         "seed": (int, "Seed of the initial weights and of the downlink's rounding."),
         "max_chunk_bytes": (int, "Largest chunk data accepted or sent, in bytes."),
         "threads": (int, "torch intra-op threads for the mean, the encode and the checks."),
+        "stage_memory": (float, "Staged uplinks in memory at most, x the model (inf: no limit)."),
         "liveness_timeout_s": (float, "Drop an agent silent this long."),
         "final_wait_s": (float, "After the last round, wait this long for agents to close."),
         "max_samples": (int, "Most weight (samples) one contribution counts with."),
@@ -226,6 +232,8 @@ def check_paths(config: CoordinatorConfig) -> None:
             config.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise click.UsageError(f"--run-dir {config.run_dir}: {exc.strerror}") from exc
+    if config.stage_dir is not None and not config.stage_dir.is_dir():
+        raise click.UsageError(f"--stage-dir {config.stage_dir} is not a directory")
     for option, path in (("--status-file", config.status_file), ("--port-file", config.port_file)):
         if path is not None and not path.parent.is_dir():
             raise click.UsageError(f"{option} {path}: directory {path.parent} does not exist")

@@ -105,6 +105,16 @@ class CoordinatorConfig:
     """How often each agent sends a loss probe (about 48 bytes)."""
     checkpoint_dir: Path | None = None
     """Where round checkpoints go; resumed from on start. None: no checkpoints."""
+    stage_memory: float = 1.0
+    """A round's staged uplinks held in memory at most, as a multiple of the model's float32
+    bytes; past it each dense payload that arrives waits for the close in an unlinked file
+    in ``stage_dir`` instead (docs/scale.md, The aggregate), so the coordinator's memory
+    stops growing with the number of agents. 1: FP16 from two agents stay in memory, a
+    third spills. ``inf``: every payload in memory; 0: every dense payload of 16 KiB or
+    more on disk."""
+    stage_dir: Path | None = None
+    """Where uplinks past ``stage_memory`` are staged; unset: ``checkpoint_dir``, else
+    ``run_dir``, else the system's temporary directory. On a tmpfs it saves no memory."""
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
     """Largest chunk data accepted or sent, in bytes."""
     threads: int = 1
@@ -150,6 +160,11 @@ class CoordinatorConfig:
     its metadata as ``.json`` beside it)."""
     tensorboard: Path | None = None
     """Write TensorBoard scalars of every round here (needs the ``tensorboard`` extra)."""
+
+    @property
+    def spill_dir(self) -> Path | None:
+        """Where staged uplinks past ``stage_memory`` go (None: the temporary directory)."""
+        return self.stage_dir or self.checkpoint_dir or self.run_dir
 
     @property
     def outer(self) -> OuterSettings:
@@ -219,6 +234,8 @@ class CoordinatorConfig:
             ">= 5",
         )
         require("coordinator", self.threads >= 1, "threads", self.threads, ">= 1")
+        memory = self.stage_memory
+        require("coordinator", memory >= 0, "stage_memory", memory, ">= 0 (inf: no limit)")
         require(
             "coordinator",
             4096 <= self.max_chunk_bytes <= 4 << 20,

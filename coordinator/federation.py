@@ -8,7 +8,9 @@ here; every part takes it, and the round driver waits on it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -66,7 +68,7 @@ class Federation:
         """What ended the round driver, if it failed (the process then exits non-zero)."""
         self.history: deque[RoundStats] = deque(maxlen=HISTORY)
         self.stats = RoundStats(self.round, time.monotonic())
-        self.aggregate = RoundAggregate(self.spec)
+        self.aggregate = self.new_aggregate()
         self.payloads = PayloadPool()
         """The uplinks' payload memory, kept mapped from round to round (reused once the
         close let go of a payload)."""
@@ -117,6 +119,21 @@ class Federation:
         self.weights_digest = weights_digest(self.weights)
 
     # ---- what the servicer and the server call -----------------------------------------
+
+    def new_aggregate(self) -> RoundAggregate:
+        """A round's aggregate, staging in memory up to ``stage_memory`` x the model (the
+        coordinator's own directories it stages in are made; an operator's
+        ``stage_dir`` is checked at start)."""
+        config = self.config
+        if config.stage_dir is None and config.spill_dir is not None:
+            with contextlib.suppress(OSError):  # then held in memory (RoundAggregate.hold)
+                config.spill_dir.mkdir(parents=True, exist_ok=True)
+        budget = config.stage_memory * sum(4 * t.numel for t in self.spec)
+        return RoundAggregate(
+            self.spec,
+            memory_bytes=None if math.isinf(budget) else int(budget),
+            spill_dir=config.spill_dir,
+        )
 
     def run(self) -> None:
         """Drive rounds (``coordinator/rounds.py``); meant for its own thread."""

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from skyfed import failpoints
-from skyfed.coordinator.aggregate import RoundAggregate
 from skyfed.coordinator.status import RoundStats
 from skyfed.logs import Phases
 from skyfed.proto import serde
@@ -132,6 +131,15 @@ class Rounds:
             [s.codec for s in fed.sessions.values()] or [fed.links.start_codec]
         )
         contributors = fed.aggregate.committed
+        if fed.aggregate.spilled:
+            log.info(
+                "[Coordinator.Stage] round=%d uplinks in_memory_mb=%.1f on_disk_mb=%.1f"
+                " (stage_memory=%g)",
+                fed.round,
+                fed.aggregate.held / 2**20,
+                fed.aggregate.spilled / 2**20,
+                fed.config.stage_memory,
+            )
         fed.checkpoint_written()  # the last one read the weights this round changes
         fed.weights_read()  # and so may the last evaluation
         final = fed.config.rounds > 0 and fed.round + 1 >= fed.config.rounds
@@ -162,7 +170,7 @@ class Rounds:
         fed.write_status()
         fed.round += 1
         fed.finished = final
-        fed.aggregate = RoundAggregate(fed.spec)
+        fed.aggregate = fed.new_aggregate()
         fed.contributed = set()
         fed.round_open = False
         fed.closed_with = sessions

@@ -27,6 +27,8 @@ MISTAKES = {
     "task": (["--task", "no_such_module:factory"], "--task"),
     "policy-key": (["--config", "{policy_key}"], "[policy]"),
     "monitor-type": (["--config", "{monitor_type}"], "[monitor]"),
+    "stage-dir": (["--stage-dir", "/nonexistent/stage"], "--stage-dir /nonexistent/stage"),
+    "stage-memory": (["--stage-memory", "-1"], "stage_memory="),
 }
 
 

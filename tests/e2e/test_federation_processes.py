@@ -136,6 +136,25 @@ def test_an_ecsgd_run_repeats_bit_for_bit_from_its_seed(reaped, work):
     assert digests[0] == digests[1]
 
 
+def test_uplinks_staged_on_disk_end_on_the_same_weights_as_in_memory(reaped, work):
+    """Past ``stage_memory`` the coordinator stages uplinks in an unlinked file and reads
+    them back at the close: the same sums, so the same weights, as staged in memory."""
+    digests = []
+    for run, memory in (("memory", "inf"), ("disk", "0")):
+        (work / run).mkdir()
+        (work / run / "certs").symlink_to(work / "certs")
+        flags = {"--codec": "fp16", "--stage-memory": memory, "--stage-dir": work / run}
+        port = start_coordinator(reaped, work / run, rounds=4, **flags)
+        for i, cloud in enumerate(CLOUDS):
+            start_agent(reaped, work / run, port, cloud, i)
+        status = finish(reaped, work / run)
+        assert_identical(work / run, status, 4)
+        digests.append(status["weightsDigest"])
+        spilled = "[Coordinator.Stage] round=3 uplinks" in reaped.log("coordinator")
+        assert spilled == (memory == "0"), reaped.log("coordinator")[-2000:]
+    assert digests[0] == digests[1]
+
+
 def test_killed_agent_restarts_rejoins_and_ends_identical(reaped, work):
     # Slow enough rounds (4 local steps) that the others are still training when gcp is back.
     rounds = 30
