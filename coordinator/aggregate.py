@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -149,45 +149,11 @@ class RoundAggregate:
                 file.forget()
         return out
 
-    def memory(
-        self, contribution: Contribution, nbytes: int, pool: Callable[[int], memoryview]
-    ) -> memoryview:
-        """Where a payload of at most ``nbytes`` that arrives in several chunks is put
-        together: ``pool``'s memory while the round's budget has room for it, else a
-        region of its contribution's file, so it never takes memory at all (what does not
-        fit there, or finds no room on disk, goes to ``pool`` after all)."""
-        with self._hold_lock:
-            fits = self.memory_bytes is None or self.held + nbytes <= self.memory_bytes
-            if fits or nbytes < SPILL_MIN_BYTES:
-                return pool(nbytes)
-        try:
-            region = self._file(contribution).region(nbytes)
-        except OSError as exc:
-            _warn_once(
-                f"[Coordinator.Stage] cannot stage uplinks in {self.spill_dir}: {exc.strerror}"
-            )
-            region = None
-        return pool(nbytes) if region is None else region
-
-    def _file(self, contribution: Contribution) -> SpillFile:
-        """Its contribution's file, made on first use (only its reader thread asks)."""
-        if contribution.spill is None:
-            contribution.spill = SpillFile(self.spill_dir, self._spill_capacity)
-        return contribution.spill
-
     def hold(self, contribution: Contribution, payload: Payload, parsed: Parsed | None) -> Payload:
         """``payload`` as it is to be staged: in memory while the round's budget allows (or
         where its check's parse is kept, or it is small), else spilled to its
         contribution's file (the same bytes, read where they lie at the close)."""
         nbytes = len(payload.data)
-        file = contribution.spill
-        if file is not None and file.holds(payload.data):  # put together on disk already
-            if parsed is None:
-                with self._hold_lock:
-                    self.spilled += nbytes
-                file.forget()  # its pages, mapped as its chunks were copied in, go
-                return payload
-            payload = replace(payload, data=bytes(payload.data))  # a parse is kept: memory
         with self._hold_lock:
             if (
                 self.memory_bytes is None
@@ -198,8 +164,11 @@ class RoundAggregate:
                 self.held += nbytes
                 contribution.held += nbytes
                 return payload
+            file = contribution.spill
         try:
-            spilled = self._file(contribution).write(payload.data)
+            if file is None:
+                file = contribution.spill = SpillFile(self.spill_dir, self._spill_capacity)
+            spilled = file.write(payload.data)
         except OSError as exc:  # no room, no directory: memory is still exact
             _warn_once(
                 f"[Coordinator.Stage] cannot stage uplinks in {self.spill_dir}: {exc.strerror}"
@@ -261,10 +230,6 @@ class Contribution:
         self.done = False
         self.factor = 1.0
         """What its update is scaled by in the mean (norm clipping, ``coordinator/robust.py``)."""
-
-    def memory(self, pool: Callable[[int], memoryview]) -> Callable[[int], memoryview]:
-        """The assembler's memory for this contribution's payloads (``RoundAggregate.memory``)."""
-        return lambda nbytes: self._agg.memory(self, nbytes, pool)
 
     def check(self, payload: Payload) -> Checked:
         """Validate one payload fully (codec, shape, finite values) and claim its slice;

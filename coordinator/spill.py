@@ -3,8 +3,7 @@
 Staging keeps withdrawal exact (docs/scale.md, The aggregate), but held in memory the
 staged uplinks grow with the number of agents: half the model per FP16 agent, four times
 the model with eight. Past the budget (``stage_memory`` times the model's float32 bytes) a
-checked payload is written to its contribution's file (or, arriving in several chunks,
-assembled there: ``SpillFile.region``) and held as a map of it;
+checked payload is written to its contribution's file and held as a read-only map of it;
 the process keeps none of its pages, the page cache does, and under memory pressure the
 kernel writes them back and lets them go instead of the process growing.
 
@@ -35,8 +34,8 @@ ALIGN = mmap.ALLOCATIONGRANULARITY
 
 class SpillFile:
     """One contribution's spilled payloads: an unlinked, sparse file of ``capacity`` bytes,
-    mapped once (one map and one descriptor a contribution, however many payloads),
-    filled at increasing offsets.
+    mapped read-only once (one map and one descriptor a contribution, however many
+    payloads), written at increasing offsets.
 
     The file has no name, so nothing is left behind on a crash; its disk space goes with the
     last view of its map (a withdrawal or the round's end drops them).
@@ -47,45 +46,23 @@ class SpillFile:
         with tempfile.TemporaryFile(dir=directory) as file:
             os.ftruncate(file.fileno(), self.capacity)  # sparse: no disk until written
             self._fd = os.dup(file.fileno())
-        self._map = mmap.mmap(self._fd, self.capacity, access=mmap.ACCESS_WRITE)
+        self._map = mmap.mmap(self._fd, self.capacity, access=mmap.ACCESS_READ)
         self._end = 0
         self._lock = threading.Lock()
 
-    def region(self, nbytes: int) -> memoryview | None:
-        """``nbytes`` of the file to fill through its map (a payload assembled there as its
-        chunks arrive, never in memory); None where they do not fit. The blocks are
-        allocated first, so a full disk is an ``OSError`` here, not a fault (``SIGBUS``)
-        when a chunk is copied in."""
-        offset = self._reserve(nbytes)
-        if offset is None:
-            return None
-        if nbytes:
-            os.posix_fallocate(self._fd, offset, nbytes)
-        return memoryview(self._map)[offset : offset + nbytes]
-
     def write(self, data: memoryview | bytes) -> memoryview | None:
-        """``data`` on disk and a view of it there; None where it does not fit (the caller
-        keeps it in memory)."""
+        """``data`` on disk and a read-only view of it there; None where it does not fit
+        (the caller keeps it in memory)."""
         nbytes = len(data)
-        offset = self._reserve(nbytes)
-        if offset is None:
-            return None
-        view, done = memoryview(data).cast("B"), 0
-        while done < nbytes:
-            done += os.pwrite(self._fd, view[done:], offset + done)
-        return memoryview(self._map)[offset : offset + nbytes]
-
-    def holds(self, data: object) -> bool:
-        """Whether ``data`` is a view of this file (a payload assembled in it)."""
-        return isinstance(data, memoryview) and data.obj is self._map
-
-    def _reserve(self, nbytes: int) -> int | None:
         with self._lock:
             offset = self._end
             if offset + nbytes > self.capacity:
                 return None
             self._end = -(-(offset + nbytes) // ALIGN) * ALIGN
-            return offset
+        view, done = memoryview(data).cast("B"), 0
+        while done < nbytes:
+            done += os.pwrite(self._fd, view[done:], offset + done)
+        return memoryview(self._map)[offset : offset + nbytes]
 
     def forget(self) -> None:
         """Drop every page of the file the process has mapped; they stay in the page cache
