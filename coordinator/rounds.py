@@ -263,6 +263,8 @@ class Rounds:
         st.train_s = max(self._train_s, default=0.0)
         st.raw_bytes_down = raw_bytes(fed.spec) * len(fed.sessions)
         st.downlink_codec = codec_name
+        st.staged_memory_bytes = fed.aggregate.held
+        st.staged_disk_bytes = fed.aggregate.spilled
         fed.history.append(st)
         self._losses, self._train_s = [], []
         self._first_commit_at = None

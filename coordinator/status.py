@@ -29,6 +29,10 @@ class RoundStats:
     raw_bytes_up: int = 0
     raw_bytes_down: int = 0
     downlink_codec: str = ""
+    staged_memory_bytes: int = 0
+    """The round's uplinks staged in memory at its close (``stage_memory``)."""
+    staged_disk_bytes: int = 0
+    """The round's uplinks staged on disk at its close, past ``stage_memory``."""
     wall_s: float = 0.0
     """Seconds since the coordinator started, when the round closed."""
     links: list[Efficiency] = field(default_factory=list)

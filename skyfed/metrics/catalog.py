@@ -49,6 +49,7 @@ METRICS: tuple[Metric, ...] = (
     _c("skyfed_round_training_seconds_total", COUNTER, "Slowest contributor's local training time, summed over rounds."),
     _c("skyfed_round_exchange_seconds_total", COUNTER, "Round time beyond the slowest contributor's training (the exchange), summed over rounds."),
     _c("skyfed_round_contributors", GAUGE, "Contributions the last closed round averaged."),
+    _c("skyfed_round_staged_bytes", GAUGE, "The last closed round's uplinks as staged for its close: in memory, or on disk past stage_memory.", "where"),
     _c("skyfed_training_loss", GAUGE, "Mean training loss the contributors reported in the last closed round."),
     _c("skyfed_eval_loss", GAUGE, "Held-out loss of the canonical weights (the task's eval_loss), at skyfed_eval_round."),
     _c("skyfed_eval_round", GAUGE, "Round whose weights skyfed_eval_loss evaluated."),

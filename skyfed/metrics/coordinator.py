@@ -105,6 +105,9 @@ def _federation(out: Families, snap: Snapshot, tally: RoundTally) -> None:
     rounds = snap.get("rounds") or ()
     if rounds:
         out.add("skyfed_round_contributors", int(rounds[-1]["contributors"]))
+        for where in ("memory", "disk"):
+            staged = int(rounds[-1].get(f"staged_{where}_bytes", 0))
+            out.add("skyfed_round_staged_bytes", staged, where)
         loss = float(rounds[-1]["mean_loss"])
         if math.isfinite(loss):
             out.add("skyfed_training_loss", loss)
