@@ -78,7 +78,7 @@ def agents_table(snap: Snapshot) -> Table:
 
 
 def codec_cell(codec: str, params: str) -> str:
-    """The codec and, where set, its blocks (``ecsgd b128``: the long-phase rule's EC-SGD,
+    """The codec and, where set, its blocks (``ecsgd b1024``: the long-phase rule's EC-SGD,
     docs/compression.md); the other parameters are in ``--json``."""
     block = json.loads(params).get("block") if params else None
     return f"{codec} b{block}" if block else codec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from skyfed.compression import decode_payload, make_codec, rounding_seed
+from skyfed.compression import decode_payload, make_codec, policy, rounding_seed
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.policy import PolicyConfig
 from skyfed.coordinator.downlink import SENDER, Downlink, from_list
@@ -65,8 +65,11 @@ def test_residuals_survive_a_checkpoint_round_trip():
         assert torch.equal(again.feedback.residuals[name], r)
 
 
-def test_downlink_of_long_phase_members_sends_ecsgd_in_blocks_of_128():
-    """The broadcast follows the long-phase rule on the fewest local steps of its members."""
+def test_downlink_of_long_phase_members_sends_ecsgd_in_the_long_phase_blocks(monkeypatch):
+    """The broadcast follows the long-phase rule on the fewest local steps of its members
+    (its block set to 128 here, so the payloads' sizes show it: the rule's own 1024 is
+    the codec's default)."""
+    monkeypatch.setattr(policy, "LONG_PHASE_ECSGD_BLOCK", 128)
     blocks = {}
     for local_steps in (0, 128):
         downlink = Downlink(SPEC, PolicyConfig(), SEED)

@@ -237,10 +237,10 @@ def test_profiles_are_measured_on_the_model_tensors_through_error_feedback():
     assert profiles["topk"].payload_bytes > flat.payload_bytes
 
 
-def test_long_local_phases_get_ecsgd_in_blocks_of_128_from_the_threshold_on():
+def test_long_local_phases_get_ecsgd_in_the_long_phase_blocks_from_the_threshold_on():
     config = PolicyConfig()  # long_phase_local_steps = 64
-    assert config.codec_params("ecsgd", local_steps=128) == {"bits": 2, "block": 128}
-    assert config.codec_params("ecsgd", local_steps=64) == {"bits": 2, "block": 128}
+    assert config.codec_params("ecsgd", local_steps=128) == {"bits": 2, "block": 1024}
+    assert config.codec_params("ecsgd", local_steps=64) == {"bits": 2, "block": 1024}
     assert config.codec_params("ecsgd", local_steps=63) == {"bits": 2}
     assert config.codec_params("ecsgd") == {"bits": 2}  # an agent that did not say
     assert config.codec_params("topk", local_steps=128) == config.codec_params("topk")
