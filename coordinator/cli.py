@@ -94,7 +94,7 @@ def main() -> None:
 @click.option(
     "--stage-dir",
     type=click.Path(path_type=Path),
-    help="Where uplinks past --stage-memory wait for the close (a disk, not a tmpfs).",
+    help="Where uplinks past the staging budget wait for the close (a disk, not a tmpfs).",
 )
 @click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
 @click.option(
