@@ -128,7 +128,7 @@ class Federation:
         if config.stage_dir is None and config.spill_dir is not None:
             with contextlib.suppress(OSError):  # then held in memory (RoundAggregate.hold)
                 config.spill_dir.mkdir(parents=True, exist_ok=True)
-        budget = config.stage_memory * sum(4 * t.numel for t in self.spec)
+        budget = config.stage_memory * raw_bytes(self.spec)
         return RoundAggregate(
             self.spec,
             memory_bytes=None if math.isinf(budget) else int(budget),
