@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--agents must be 1..{len(CLOUDS)} and --rounds >= 3")
     if not 1 <= args.warmup <= args.rounds - 2:
         parser.error("--warmup must be 1..--rounds - 2 (CPU-s needs two rounds after it)")
-    stages = [s.strip() for s in args.stage_memory.split(",")] or [""]
+    stages = [s.strip() for s in args.stage_memory.split(",")]  # [""]: the default once
     rows = []
     for size in sizes:
         for codec in codecs:

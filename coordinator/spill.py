@@ -42,7 +42,7 @@ class SpillFile:
     """
 
     def __init__(self, directory: Path | None, capacity: int) -> None:
-        self.capacity = max(ALIGN, -(-capacity // ALIGN) * ALIGN)
+        self.capacity = max(ALIGN, _aligned(capacity))
         with tempfile.TemporaryFile(dir=directory) as file:
             os.ftruncate(file.fileno(), self.capacity)  # sparse: no disk until written
             self._fd = os.dup(file.fileno())
@@ -58,7 +58,7 @@ class SpillFile:
             offset = self._end
             if offset + nbytes > self.capacity:
                 return None
-            self._end = -(-(offset + nbytes) // ALIGN) * ALIGN
+            self._end = _aligned(offset + nbytes)
         view, done = memoryview(data).cast("B"), 0
         while done < nbytes:
             done += os.pwrite(self._fd, view[done:], offset + done)
@@ -76,3 +76,8 @@ class SpillFile:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a whole :data:`ALIGN`."""
+    return -(-nbytes // ALIGN) * ALIGN
