@@ -46,6 +46,9 @@ class Codec(ABC):
     # bit for bit encode_into_residual(e + g), and plan takes the addends unsummed
     # (``add``): error feedback then leaves the sum to it (one pass over e, not two).
     sums_in_encode: ClassVar[bool] = False
+    # check_parsed keeps its parse for the receiver's sum (Top-k's indices and values); a
+    # receiver then holds the payload in memory beside it, never staged on disk.
+    keeps_parse: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:
@@ -113,6 +116,20 @@ class Codec(ABC):
         if not all_finite(values):
             raise PayloadError("payload holds NaN or Inf values")
         return squared_norm(values)
+
+    def check_pieces(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> Iterator[float]:
+        """:meth:`check_squares` a piece of the payload at a time: each ``next`` checks the
+        next piece and gives its squared norm, their sum (in order) being
+        :meth:`check_squares`'s. So a receiver reading a payload through a file's map can
+        let each piece's pages go before the next (the coordinator's staged uplinks,
+        docs/scale.md). One piece, the whole check, where the codec checks only whole."""
+        yield self.check_squares(payload, out, shape=shape)
 
     def check_parsed(
         self,

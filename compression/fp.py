@@ -148,10 +148,24 @@ class _ElementwiseCodec(Codec):
         """Decoded block by block into a per-thread block scratch (in cache), each block
         checked finite and its squares summed (16k-element norms, as ``squared_norm``):
         no tensor-sized buffer, so ``out`` is not needed (only its shape is read)."""
-        f, scale = self._parse(payload, expected_shape(out, shape))
-        wire = self._wire_view(f.body)
-        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
         squares = 0.0
+        for piece in self.check_pieces(payload, out, shape=shape):
+            squares += piece
+        return squares
+
+    def check_pieces(
+        self,
+        payload: bytes,
+        out: torch.Tensor | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> Iterator[float]:
+        """:meth:`check_squares` one block at a time (:meth:`Codec.check_pieces`)."""
+        f, scale = self._parse(payload, expected_shape(out, shape))
+        return self._check_blocks(self._wire_view(f.body), scale)
+
+    def _check_blocks(self, wire: torch.Tensor, scale: float) -> Iterator[float]:
+        decoded = SCRATCH.take("decoded", BLOCK_NUMEL)
         for start in blocks(wire.numel()):
             wire_b = wire[start : start + BLOCK_NUMEL]
             d = decoded[: wire_b.numel()].copy_(wire_b)
@@ -159,8 +173,7 @@ class _ElementwiseCodec(Codec):
                 d.mul_(scale)
             if not all_finite(d):
                 raise PayloadError("payload holds NaN or Inf values")
-            squares += squared_norm(d)
-        return squares
+            yield squared_norm(d)
 
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """``acc += alpha * s * c`` block by block: no full-size temporary."""

@@ -128,6 +128,21 @@ def check_payload_parsed(
     return _decoder(payload).check_parsed(payload, out, shape=expected)
 
 
+def check_pieces_payload(payload: bytes, *, shape: tuple[int, ...] | torch.Size) -> Iterator[float]:
+    """:meth:`Codec.check_pieces` by the codec the frame names: :func:`check_payload` a
+    piece at a time, for a payload that needs no scratch (:func:`needs_check_scratch`)."""
+    return _decoder(payload).check_pieces(payload, shape=tuple(shape))
+
+
+def keeps_parse(name: str) -> bool:
+    """Whether codec ``name``'s check keeps its parse for a later sum
+    (:attr:`Codec.keeps_parse`); an unknown name raises ``ValueError``."""
+    try:
+        return _CODECS[name].keeps_parse
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {', '.join(_CODECS)}") from None
+
+
 def needs_check_scratch(payload: bytes) -> bool:
     """Whether :func:`check_payload` needs ``out`` for this payload's codec (a dense
     decode into a tensor-sized scratch), or only its shape (``Codec.check_scratch``)."""

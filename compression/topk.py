@@ -71,6 +71,7 @@ class TopK(Codec):
     wire_id = 3
     sparse = True
     sums_in_encode = True
+    keeps_parse = True
 
     def __init__(
         self,

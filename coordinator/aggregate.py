@@ -17,9 +17,10 @@ the same additions in the same order, without parsing every staged uplink a seco
 on the round's critical path (docs/wan.md, Top-k's exchange).
 
 Past a budget (``stage_memory`` times the model's float32 bytes) the dense payloads that
-arrive are staged in an unlinked file instead, and the close reads them where they lie
-(``coordinator/spill.py``): what the coordinator holds for a round's uplinks then stops
-growing with the number of agents.
+arrive are staged in an unlinked file instead, put together there as their chunks arrive,
+and the close reads them where they lie (``coordinator/spill.py``): what the coordinator
+holds for a round's uplinks, arriving or staged, then stops growing with the number of
+agents.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -37,19 +39,23 @@ from skyfed.compression import (
     Parsed,
     PayloadError,
     check_payload_parsed,
+    check_pieces_payload,
     codec_names,
     decode_add_payload,
     decode_add_pieces_payload,
+    keeps_parse,
     needs_check_scratch,
     payload_codec,
 )
 from skyfed.compression.base import pieces
-from skyfed.coordinator.spill import SPILL_MIN_BYTES, SpillFile
+from skyfed.coordinator.spill import SPILL_MIN_BYTES, SpillFile, SpillRegion
 from skyfed.errors import BadContributionError, ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 CHECK_BUFFERS = 1
 """Payloads decoded at once for their check, each buffer as large as the largest tensor,
@@ -149,44 +155,89 @@ class RoundAggregate:
                 file.forget()
         return out
 
+    def memory(
+        self,
+        contribution: Contribution,
+        nbytes: int,
+        codec: str,
+        pool: Callable[[int], memoryview],
+    ) -> memoryview | SpillRegion:
+        """Where a payload of at most ``nbytes`` that arrives in several chunks, naming
+        ``codec``, is put together: ``pool``'s memory while the round's budget has room
+        for it (its bytes counted from now, so payloads arriving at once do not all find
+        the same room), else a region of its contribution's file, so it takes no memory
+        while it arrives. A payload whose check keeps its parse (Top-k), or of a codec
+        this build does not know (its check refuses it), goes to memory."""
+        spillable = codec in codec_names() and not keeps_parse(codec)
+        with self._hold_lock:
+            if not spillable or self._fits(nbytes):
+                self._count_held(contribution, nbytes)
+                contribution.arriving = nbytes
+                return pool(nbytes)
+        region = self._spilled(contribution, lambda file: file.region(nbytes))
+        if region is None:  # no file, no room: in memory after all
+            with self._hold_lock:
+                self._count_held(contribution, nbytes)
+                contribution.arriving = nbytes
+            return pool(nbytes)
+        return region
+
     def hold(self, contribution: Contribution, payload: Payload, parsed: Parsed | None) -> Payload:
         """``payload`` as it is to be staged: in memory while the round's budget allows (or
         where its check's parse is kept, or it is small), else spilled to its
-        contribution's file (the same bytes, read where they lie at the close)."""
+        contribution's file (the same bytes, read where they lie at the close). One put
+        together in the file as it arrived (:meth:`memory`) is staged where it is."""
         nbytes = len(payload.data)
+        file = contribution.spill
+        if file is not None and file.holds(payload.data):
+            with self._hold_lock:
+                self.spilled += nbytes
+            return payload
         with self._hold_lock:
-            if (
-                self.memory_bytes is None
-                or parsed is not None
-                or nbytes < SPILL_MIN_BYTES
-                or self.held + nbytes <= self.memory_bytes
-            ):
-                self.held += nbytes
-                contribution.held += nbytes
+            # What :meth:`memory` counted while it arrived gives way to its real size.
+            self._count_held(contribution, -contribution.arriving)
+            contribution.arriving = 0
+            if parsed is not None or self._fits(nbytes):
+                self._count_held(contribution, nbytes)
                 return payload
-            file = contribution.spill
-        try:
-            if file is None:
-                file = contribution.spill = SpillFile(self.spill_dir, self._spill_capacity)
-            spilled = file.write(payload.data)
-        except OSError as exc:  # no room, no directory: memory is still exact
-            _warn_once(
-                f"[Coordinator.Stage] cannot stage uplinks in {self.spill_dir}: {exc.strerror}"
-            )
-            spilled = None
+        spilled = self._spilled(contribution, lambda file: file.write(payload.data))
         with self._hold_lock:
             if spilled is None:  # no file, or its file is full: kept in memory after all
-                self.held += nbytes
-                contribution.held += nbytes
+                self._count_held(contribution, nbytes)
                 return payload
             self.spilled += nbytes
         return replace(payload, data=spilled)  # type: ignore[arg-type]
+
+    def _fits(self, nbytes: int) -> bool:
+        """Whether a payload of ``nbytes`` stays in memory (the caller holds the lock)."""
+        return (
+            self.memory_bytes is None
+            or nbytes < SPILL_MIN_BYTES
+            or self.held + nbytes <= self.memory_bytes
+        )
+
+    def _count_held(self, contribution: Contribution, nbytes: int) -> None:
+        self.held += nbytes
+        contribution.held += nbytes
+
+    def _spilled(self, contribution: Contribution, put: Callable[[SpillFile], _T]) -> _T | None:
+        """``put(file)`` on its contribution's file, made on first use; None where no file
+        can be made or used (no directory, no room): memory is still exact."""
+        try:
+            if contribution.spill is None:
+                contribution.spill = SpillFile(self.spill_dir, self._spill_capacity)
+            return put(contribution.spill)
+        except OSError as exc:
+            _warn_once(
+                f"[Coordinator.Stage] cannot stage uplinks in {self.spill_dir}: {exc.strerror}"
+            )
+            return None
 
     def let_go(self, contribution: Contribution) -> None:
         """A withdrawn contribution's memory is no longer held: others may stage in it."""
         with self._hold_lock:
             self.held -= contribution.held
-            contribution.held = 0
+            contribution.held = contribution.arriving = 0
 
     def mean(self) -> list[torch.Tensor]:
         """Every tensor's mean, in new tensors (tests and small models; the federation
@@ -227,6 +278,9 @@ class Contribution:
         """Bytes of its staged payloads held in memory (the round's budget counts them)."""
         self.spill: SpillFile | None = None
         """Its payloads staged on disk, past the round's budget (``coordinator/spill.py``)."""
+        self.arriving = 0
+        """Bytes counted in memory for the payload it is putting together there
+        (``RoundAggregate.memory``), until that payload is held."""
         self.done = False
         self.factor = 1.0
         """What its update is scaled by in the mean (norm clipping, ``coordinator/robust.py``)."""
@@ -241,9 +295,21 @@ class Contribution:
         info = self._spec(payload.tensor)
         coverage = self._covered.setdefault(payload.tensor, _Coverage(info))
         interval = coverage.claim(payload.shard)
-        squares, parsed = _check_payload(payload, info)
+        file = self.spill if self.spill is not None and self.spill.holds(payload.data) else None
+        try:
+            squares, parsed = _check_payload(payload, info, None if file is None else file.forget)
+        finally:
+            if file is not None:  # read through the map: its pages go
+                file.forget()
         coverage.commit(interval)
         return Checked(self._agg.hold(self, payload, parsed), squares, parsed)
+
+    def memory(
+        self, pool: Callable[[int], memoryview]
+    ) -> Callable[[int, str], memoryview | SpillRegion]:
+        """The assembler's memory for this contribution's payloads
+        (:meth:`RoundAggregate.memory`, ``pool`` lending the memory)."""
+        return lambda nbytes, codec: self._agg.memory(self, nbytes, codec, pool)
 
     def stage(self, checked: Checked) -> None:
         """Hold a checked payload until the close, with its check's parse; the caller
@@ -373,7 +439,12 @@ class _CheckBuffers:
 _CHECKS = _CheckBuffers(CHECK_BUFFERS)
 
 
-def _check_payload(payload: Payload, info: TensorInfo) -> tuple[float, Parsed | None]:
+def _check_payload(
+    payload: Payload, info: TensorInfo, between: Callable[[], None] | None = None
+) -> tuple[float, Parsed | None]:
+    """The payload's squared norm, and the parse its check keeps; ``between`` is called
+    after each piece the codec checks (letting a map's pages go: one spilled as it
+    arrived)."""
     if payload.codec not in codec_names():
         raise BadContributionError(
             f"unknown codec {payload.codec!r}; this coordinator decodes {', '.join(codec_names())}"
@@ -385,7 +456,13 @@ def _check_payload(payload: Payload, info: TensorInfo) -> tuple[float, Parsed | 
             raise BadContributionError(f"chunk says codec {payload.codec}, payload is {framed}")
         # FP16/BF16/FP32 check block by block and Top-k its k values only: no buffer.
         if not needs_check_scratch(payload.data):
-            return check_payload_parsed(payload.data, shape=expected)
+            if between is None or keeps_parse(framed):
+                return check_payload_parsed(payload.data, shape=expected)
+            squares = 0.0
+            for piece in check_pieces_payload(payload.data, shape=expected):
+                squares += piece
+                between()
+            return squares, None
         with _CHECKS.borrow(expected) as values:  # a dense decode (EC-SGD)
             return check_payload_parsed(payload.data, out=values)
     except PayloadError as exc:

@@ -133,17 +133,18 @@ class Intake:
                     fed.payloads.nbytes,
                     let_go,
                 )
+            entry = fed.aggregate.begin(self._weight(session, header.samples), session.key)
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks or None,
-                entry=fed.aggregate.begin(self._weight(session, header.samples), session.key),
+                entry=entry,
                 assembler=Assembler(
                     kind=ChunkKind.GRADIENT,
                     round=header.round,
                     num_tensors=len(fed.spec),
                     max_chunk_bytes=fed.config.max_chunk_bytes,
                     max_payload_bytes=fed.max_payload,
-                    memory=fed.payloads.take,
+                    memory=entry.memory(fed.payloads.take),
                 ),
                 loss=header.loss,
                 train_s=header.train_s,

@@ -3,9 +3,11 @@
 Staging keeps withdrawal exact (docs/scale.md, The aggregate), but held in memory the
 staged uplinks grow with the number of agents: half the model per FP16 agent, four times
 the model with eight. Past the budget (``stage_memory`` times the model's float32 bytes) a
-checked payload is written to its contribution's file and held as a read-only map of it;
-the process keeps none of its pages, the page cache does, and under memory pressure the
-kernel writes them back and lets them go instead of the process growing.
+payload is put together in its contribution's file as its chunks arrive
+(:class:`SpillRegion`, written with ``pwrite``: the process maps none of it while it
+arrives), or, arriving whole, written there once checked; it is held as a read-only map
+of the file. The process keeps none of its pages, the page cache does, and under memory
+pressure the kernel writes them back and lets them go instead of the process growing.
 
 Why a map and not reads into a buffer: the close decodes a payload piece by piece
 (``Codec.decode_add_pieces``) with every codec's own layout; a map lets it read the bytes
@@ -50,19 +52,32 @@ class SpillFile:
         self._end = 0
         self._lock = threading.Lock()
 
-    def write(self, data: memoryview | bytes) -> memoryview | None:
-        """``data`` on disk and a read-only view of it there; None where it does not fit
-        (the caller keeps it in memory)."""
-        nbytes = len(data)
+    def region(self, nbytes: int) -> SpillRegion | None:
+        """``nbytes`` of the file to write a payload into; None where they do not fit (the
+        caller keeps the payload in memory). Their blocks are allocated now, so a full
+        disk is an ``OSError`` here, before any of the payload is written, not half-way."""
         with self._lock:
             offset = self._end
             if offset + nbytes > self.capacity:
                 return None
             self._end = _aligned(offset + nbytes)
-        view, done = memoryview(data).cast("B"), 0
-        while done < nbytes:
-            done += os.pwrite(self._fd, view[done:], offset + done)
-        return memoryview(self._map)[offset : offset + nbytes]
+        if nbytes:
+            os.posix_fallocate(self._fd, offset, nbytes)
+        return SpillRegion(self, offset, nbytes)
+
+    def write(self, data: memoryview | bytes) -> memoryview | None:
+        """``data`` on disk and a read-only view of it there; None where it does not fit
+        (the caller keeps it in memory)."""
+        nbytes = len(data)
+        region = self.region(nbytes)
+        if region is None:
+            return None
+        region[0:nbytes] = data
+        return region[0:nbytes]
+
+    def holds(self, data: object) -> bool:
+        """Whether ``data`` is a view of this file (a payload staged in it)."""
+        return isinstance(data, memoryview) and data.obj is self._map
 
     def forget(self) -> None:
         """Drop every page of the file the process has mapped; they stay in the page cache
@@ -76,6 +91,40 @@ class SpillFile:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class SpillRegion:
+    """One payload's place in its contribution's file, written as its chunks arrive (the
+    ``Assembler``'s buffer, ``proto/chunks.py``) and read back as a view of the file's map.
+
+    Written with ``pwrite``, not through the map: the pages then go to the page cache only,
+    where a writable map's pages would count in the process while the payload arrives, as
+    a pool buffer's do (taken back in ``7621783``: eight FP16 uplinks arriving at once still
+    peaked as eight).
+    """
+
+    def __init__(self, file: SpillFile, offset: int, nbytes: int) -> None:
+        self._file = file
+        self._offset = offset
+        self._nbytes = nbytes
+
+    def __setitem__(self, index: slice, data: memoryview | bytes) -> None:
+        start, stop = self._bounds(index)
+        view, done = memoryview(data).cast("B"), 0
+        if len(view) != stop - start:
+            raise ValueError(f"{len(view)} bytes written into [{start}, {stop})")
+        while done < len(view):
+            done += os.pwrite(self._file._fd, view[done:], self._offset + start + done)
+
+    def __getitem__(self, index: slice) -> memoryview:
+        start, stop = self._bounds(index)
+        return memoryview(self._file._map)[self._offset + start : self._offset + stop]
+
+    def _bounds(self, index: slice) -> tuple[int, int]:
+        start, stop, step = index.indices(self._nbytes)
+        if step != 1:
+            raise ValueError("a spill region takes contiguous slices only")
+        return start, stop
 
 
 def _aligned(nbytes: int) -> int:

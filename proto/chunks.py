@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import numpy as np
 
@@ -16,6 +17,15 @@ from skyfed.errors import ChecksumError, OversizedError, ProtocolError
 from skyfed.wire import Chunk, Payload
 
 DEFAULT_MAX_CHUNK_BYTES = 1 << 20
+
+
+class AssemblyBuffer(Protocol):
+    """Where a payload of several chunks is put together: each chunk's bytes written at
+    their place, the whole read back as one view (a ``memoryview``, or a file's region)."""
+
+    def __setitem__(self, index: slice, data: bytes, /) -> None: ...
+
+    def __getitem__(self, index: slice, /) -> memoryview: ...
 
 
 def cut(
@@ -89,10 +99,12 @@ class Assembler:
         num_tensors: int,
         max_chunk_bytes: int,
         max_payload_bytes: list[int],
-        memory: Callable[[int], memoryview] | None = None,
+        memory: Callable[[int, str], AssemblyBuffer] | None = None,
     ) -> None:
-        """``memory(nbytes)`` lends the buffer a payload of several chunks is copied into
-        (writable, not zeroed; ``skyfed/payload_pool.py``); new numpy memory without it."""
+        """``memory(nbytes, codec)`` lends the buffer a payload of several chunks, of the
+        codec its chunks name, is copied into (writable, not zeroed: pooled memory,
+        ``skyfed/payload_pool.py``, or a region of a file, ``coordinator/spill.py``); new
+        numpy memory without it."""
         self.kind = kind
         self.round = round
         self.num_tensors = num_tensors
@@ -106,7 +118,7 @@ class Assembler:
         # huge pages for large arrays, so a 50 MB payload costs 8.5 CPU-ms to assemble
         # here against 29 (docs/scale.md).
         self._memory = _uninitialized if memory is None else memory
-        self._buffer = memoryview(b"")
+        self._buffer: AssemblyBuffer = memoryview(b"")
         self._size = 0
 
     def add(self, chunk: Chunk) -> Payload | None:
@@ -122,7 +134,7 @@ class Assembler:
             self._open, self._size = None, 0
             return Payload(chunk.tensor, chunk.shard, chunk.codec, chunk.data)
         if chunk.part == 0:  # sized by what it claims, within the payload's bound
-            self._buffer = self._memory(min(chunk.parts * self.max_chunk_bytes, bound))
+            self._buffer = self._memory(min(chunk.parts * self.max_chunk_bytes, bound), chunk.codec)
         # (end <= parts * max_chunk_bytes: every chunk is checked against that bound)
         self._buffer[self._size : end] = chunk.data
         self._size = end
@@ -175,6 +187,6 @@ class Assembler:
             )
 
 
-def _uninitialized(nbytes: int) -> memoryview:
+def _uninitialized(nbytes: int, codec: str = "") -> memoryview:
     """``nbytes`` of writable memory, not zeroed (a bytes-like view a codec reads)."""
     return memoryview(np.empty(nbytes, dtype=np.uint8))
