@@ -19,9 +19,7 @@ def record(
     today = datetime.date.today().isoformat()
     path = RESULTS / f"{today}-{bench}-{what}.md"
     path.parent.mkdir(exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = _commit()
     free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     text = [
@@ -46,6 +44,18 @@ def record(
     else:
         path.write_text("\n".join(text))
     return path
+
+
+def _commit() -> str:
+    """The checkout's commit; where the tree has no git (a copy run on the lent GPU
+    machine), ``SKYFED_COMMIT``, the commit the copy was made from, as its runner says."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:  # no git on this host
+        out = ""
+    return out or os.environ.get("SKYFED_COMMIT", "unknown (no git here, SKYFED_COMMIT unset)")
 
 
 def _cpu_model() -> str:

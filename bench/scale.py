@@ -191,6 +191,8 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path, stage: st
                 "--local-steps": args.local_steps,
                 "--report": work / f"{name}.json",
             }
+            if args.device:
+                agent["--device"] = args.device
             kids.start(name, command("agent", "start", *_argv(agent)), env)
         deadline = time.monotonic() + args.timeout_s
         for name in ["coordinator", *(n for _, n in agents)]:
@@ -323,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         "default: its own default).",
     )
     parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="Where the agents train (default: their own, cpu without a GPU); cuda puts "
+        "every agent on GPU 0 (docs/scale.md, on an H200 host).",
+    )
+    parser.add_argument(
         "--phases",
         action="store_true",
         help="Run every process at DEBUG and print where each round's time went (bench/phases.py).",
@@ -356,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
     lines = [
         f"{args.agents} agents, {args.rounds} rounds, --local-steps {args.local_steps}, "
-        f"loopback; medians over rounds {args.warmup}..",
+        f"loopback{', agents on cuda' if args.device == 'cuda' else ''}; "
+        f"medians over rounds {args.warmup}..",
         "",
         *table(rows),
         "",
