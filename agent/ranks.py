@@ -97,11 +97,17 @@ class Ranks:
         self.world = dist.get_world_size(group)
 
     def broadcast(self, obj: Any) -> Any:
+        if self.world == 1:  # nothing to send: and no pickling (payloads are memoryviews)
+            return obj
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` on rank 0, in rank order (pickled across ranks; a group of
+        one, a CUDA site's single rank, hands its own back as it is)."""
+        if self.world == 1:
+            return [obj]
         out: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(obj, out, dst=0, group=self.group)
         return out or []
