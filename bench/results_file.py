@@ -47,15 +47,19 @@ def record(
 
 
 def _commit() -> str:
-    """The checkout's commit; where the tree has no git (a copy run on the lent GPU
-    machine), ``SKYFED_COMMIT``, the commit the copy was made from, as its runner says."""
+    """The checkout's commit, or ``SKYFED_COMMIT`` where the runner says it: a copy of the
+    tree run on the lent GPU machine carries a ``.git`` of the session's starting commit,
+    not of the tree's."""
+    said = os.environ.get("SKYFED_COMMIT")
+    if said:
+        return said
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip()
     except OSError:  # no git on this host
         out = ""
-    return out or os.environ.get("SKYFED_COMMIT", "unknown (no git here, SKYFED_COMMIT unset)")
+    return out or "unknown (no git here, SKYFED_COMMIT unset)"
 
 
 def _cpu_model() -> str:
