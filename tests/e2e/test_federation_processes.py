@@ -137,13 +137,20 @@ def test_an_ecsgd_run_repeats_bit_for_bit_from_its_seed(reaped, work):
 
 
 def test_uplinks_staged_on_disk_end_on_the_same_weights_as_in_memory(reaped, work):
-    """Past ``stage_memory`` the coordinator stages uplinks in an unlinked file and reads
-    them back at the close: the same sums, so the same weights, as staged in memory."""
+    """Past ``stage_memory`` the coordinator stages uplinks in an unlinked file, each put
+    together there as its chunks arrive (4 KiB chunks: the larger tensors' payloads come
+    in several), and reads them back at the close: the same sums, so the same weights, as
+    staged in memory."""
     digests = []
     for run, memory in (("memory", "inf"), ("disk", "0")):
         (work / run).mkdir()
         (work / run / "certs").symlink_to(work / "certs")
-        flags = {"--codec": "fp16", "--stage-memory": memory, "--stage-dir": work / run}
+        flags = {
+            "--codec": "fp16",
+            "--stage-memory": memory,
+            "--stage-dir": work / run,
+            "--max-chunk-bytes": 4096,
+        }
         port = start_coordinator(reaped, work / run, rounds=4, **flags)
         for i, cloud in enumerate(CLOUDS):
             start_agent(reaped, work / run, port, cloud, i)
