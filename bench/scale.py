@@ -19,7 +19,9 @@ the recycled spare of the steady state: docs/scale.md, Checkpoints):
   (``/proc/<pid>/stat``) between the first and the last round's close, per round; agent
   CPU-s per round the same for each agent, their mean;
 - coordinator and agent peak RSS (``VmHWM``, polled until the process exits) over the
-  model's float32 bytes; the agents' figure is the largest of them. The task's optimizer
+  model's float32 bytes; the agents' figure is the largest of them, each agent's the
+  largest of its process and its rank processes (an agent on CUDA trains in a child; CPU
+  seconds count the family too). The task's optimizer
   is plain SGD, so an agent holds no optimizer state;
 - checkpoint ms: how long the round waited for its checkpoint once its downlink was
   encoded (``on path``) and how long the file took from its first tensor to being whole
@@ -101,16 +103,37 @@ class Watch:
     writes_ms: list[float] = field(default_factory=list)
 
 
+def family(pid: int) -> list[int]:
+    """``pid`` and its live descendants: an agent on CUDA (or with ``tp`` > 1) trains in
+    rank processes of its own, whose memory and CPU are the agent's."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pids[i]}/task").iterdir():
+                pids += [int(c) for c in (task / "children").read_text().split()]
+        i += 1
+    return pids
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, ticks
+    """User + system CPU seconds of ``pid``'s family."""
+    total = 0.0
+    for member in family(pid):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, ticks
+    return total
 
 
 def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """The largest VmHWM in ``pid``'s family, bytes."""
+    peak = 0
+    for member in family(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]) * 1024)
+    return peak
 
 
 def watch(
