@@ -18,12 +18,15 @@ Per run it prints medians over the rounds after the first:
 - round s: the round's duration as the coordinator reports it;
 - bare TCP s: one fresh plain TCP connection moving the same bytes up, then another down,
   on aws-1's link in the same lab after the federation finished (same congestion control);
-- warm TCP s: on the same link after it, one mutual-TLS connection with the federation's
-  certificates, kept open: per round the agent's end sends a link's upload bytes and the
-  coordinator's end answers with its broadcast bytes once all are in, ``WARM_ROUNDS``
-  rounds a training's median apart after ``WARM_UP`` untimed ones; the median. What the
-  link (its loss recovery included) and TLS on this host take for a round's bytes on a
-  connection as warm as a session's: the reference for skyfed's share of an exchange.
+- warm TCP s: after it, on every agent's link at once, one mutual-TLS connection each
+  with the federation's certificates, kept open: per round each agent's end sends a
+  link's upload bytes and the coordinator's end answers every one with its broadcast
+  bytes once all are in, ``WARM_ROUNDS`` rounds a training's median apart after
+  ``WARM_UP`` untimed ones; a round is its slowest agent's, and the column their median.
+  What the links (their loss recovery included, and the round's wait for the slowest)
+  and TLS on this host take for a round's bytes on connections as warm as a session's:
+  the reference for skyfed's share of an exchange. (Until session 25 it was one link's
+  connection alone, which leaves out the wait for the slowest of three lossy links.)
 
 ``--streams auto`` (the default) runs at the coordinator's default N (the monitor's
 choice once striped sessions are there, else one stream; the settings say which); a
@@ -55,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,7 +221,7 @@ def run_one(
             row.bare_s = bare_tcp_s(lab, AGENTS[0], int(up), True) + bare_tcp_s(
                 lab, AGENTS[0], int(down), False
             )
-            row.warm_s = warm_tcp_s(lab, fed.certs, AGENTS[0], int(up), int(down), row.train_s)
+            row.warm_s = warm_tcp_s(lab, fed.certs, AGENTS, int(up), int(down), row.train_s)
     return row
 
 
@@ -268,38 +272,51 @@ def bare_tcp_s(lab: Lab, agent: str, nbytes: int, upward: bool) -> float:
         sink.wait()
 
 
-def warm_tcp_s(lab: Lab, certs: Path, agent: str, up: int, down: int, idle_s: float) -> float:
-    """Median seconds of a round's bytes over one warm mTLS connection on ``agent``'s link:
-    ``up`` from the agent, answered by ``down`` once they are in, ``idle_s`` apart."""
+def warm_tcp_s(
+    lab: Lab, certs: Path, agents: Sequence[str], up: int, down: int, idle_s: float
+) -> float:
+    """Median seconds of a round's bytes over warm mTLS connections, one on each of
+    ``agents``' links at once: each sends ``up``, the coordinator's end answers every one
+    with ``down`` once all are in (a round's shape: the broadcast waits for the slowest
+    upload), ``idle_s`` apart; a round's time is its slowest agent's."""
     addr = str(lab.address(COORDINATOR))
     probe = [sys.executable, "-m", "skyfed.lab.probe"]
     tls = ["--port", str(WARM_PORT), "--certs", str(certs), "--duration-s", "600"]
     server = subprocess.Popen(
         lab.hosts[COORDINATOR].exec_argv(
-            [*probe, "tls-respond", "--bind", addr, "--name", COORDINATOR, *tls]
+            [*probe, "tls-respond", "--bind", addr, "--name", COORDINATOR, "--peers"]
+            + [str(len(agents)), *tls]
         ),
         stdout=subprocess.PIPE,
         text=True,
     )
+    clients: list[subprocess.Popen[str]] = []
     try:
         assert server.stdout is not None
         server.stdout.readline()  # ready
         rounds = ["--up", str(up), "--down", str(down), "--idle-s", f"{idle_s:.3f}"]
         rounds += ["--rounds", str(WARM_ROUNDS), "--warmup", str(WARM_UP)]
-        out = subprocess.run(
-            lab.hosts[agent].exec_argv(
-                [*probe, "tls-rounds", "--to", addr, "--name", agent, *tls, *rounds]
-            ),
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=900,
-        ).stdout
-        result = json.loads(out.splitlines()[-1])
-        return timed_median(result["seconds"], result["warmup"])
+        for agent in agents:
+            argv = [*probe, "tls-rounds", "--to", addr, "--name", agent, *tls, *rounds]
+            clients.append(
+                subprocess.Popen(
+                    lab.hosts[agent].exec_argv(argv), stdout=subprocess.PIPE, text=True
+                )
+            )
+        results = []
+        for client in clients:
+            out, _ = client.communicate(timeout=900)
+            if client.returncode != 0:
+                raise RuntimeError(f"tls-rounds exited {client.returncode}")
+            results.append(json.loads(out.splitlines()[-1]))
+        slowest = [
+            max(per_round) for per_round in zip(*(r["seconds"] for r in results), strict=True)
+        ]
+        return timed_median(slowest, results[0]["warmup"])
     finally:
-        server.kill()
-        server.wait()
+        for proc in (*clients, server):
+            proc.kill()
+            proc.wait()
 
 
 def timed_median(seconds: list[float], warmup: int) -> float:

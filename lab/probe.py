@@ -18,6 +18,7 @@ import socket
 import ssl
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -178,23 +179,42 @@ def _read_exactly(conn: ssl.SSLSocket, nbytes: int, buf: bytearray) -> int:
 
 
 def tls_respond(args: argparse.Namespace) -> None:
-    """Accept one mTLS connection; per request (head, then its bytes), once all of them are
-    in, answer with the bytes the head asks for; until the peer closes."""
+    """Accept ``--peers`` mTLS connections (one per agent); per round, once every peer's
+    request (head, then its bytes) is in, answer each with the bytes its head asks for, as
+    a federation's broadcast waits for every upload; until the peers close."""
     ctx = _tls_context(args.certs, args.name, server=True)
-    server = socket.create_server((args.bind, args.port))
+    server = socket.create_server((args.bind, args.port), backlog=args.peers)
     _ready()
     server.settimeout(args.duration_s)
-    raw, _ = server.accept()
-    raw.settimeout(args.duration_s)
-    with ctx.wrap_socket(raw, server_side=True) as conn:
+    conns = []
+    for _ in range(args.peers):
+        raw, _ = server.accept()
+        raw.settimeout(args.duration_s)
+        conns.append(ctx.wrap_socket(raw, server_side=True))
+    all_in = threading.Barrier(args.peers)
+    serving = [threading.Thread(target=_respond, args=(conn, all_in)) for conn in conns]
+    for thread in serving:
+        thread.start()
+    for thread in serving:
+        thread.join()
+
+
+def _respond(conn: ssl.SSLSocket, all_in: threading.Barrier) -> None:
+    """One peer's rounds: its request read whole, then the answer once every peer's is."""
+    with conn:
         buf = bytearray(1 << 20)
         while _read_exactly(conn, ROUND_HEAD.size, buf) == ROUND_HEAD.size:
             up, down = ROUND_HEAD.unpack_from(buf)
             if _read_exactly(conn, up, buf) < up:
                 break
+            try:
+                all_in.wait()
+            except threading.BrokenBarrierError:  # another peer closed: no more rounds
+                return
             block = bytes(1 << 16)
             for start in range(0, down, len(block)):
                 conn.sendall(block[: min(len(block), down - start)])
+        all_in.abort()  # this peer closed: the others' rounds end too
 
 
 def tls_rounds(args: argparse.Namespace) -> None:
@@ -251,6 +271,9 @@ def _parser() -> argparse.ArgumentParser:
     tools.choices["blast"].add_argument("--rate-mbit", type=float, required=True)
     tools.choices["blast"].add_argument("--size", type=int, default=1472)
     tools.choices["tcp-send"].add_argument("--bytes", type=int, default=0)
+    tools.choices["tls-respond"].add_argument(
+        "--peers", type=int, default=1, help="Connections, each round answered once all are in."
+    )
     for name in ("tls-respond", "tls-rounds"):
         tools.choices[name].add_argument("--certs", required=True, help="ca.crt, NAME.crt/.key")
         tools.choices[name].add_argument("--name", required=True, help="This end's certificate.")

@@ -1,5 +1,6 @@
 """``bench/wan.py``'s warm TCP column: the median it takes and the mTLS request-response
-rounds it times (``python -m skyfed.lab.probe tls-rounds``), over real sockets and TLS."""
+rounds it times (``python -m skyfed.lab.probe tls-rounds``), over real sockets and TLS, on
+every agent's link at once, each round answered once all are in."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,38 @@ def test_tls_rounds_refuse_a_client_without_a_certificate_of_the_ca(tmp_path: Pa
         (tmp_path / "ours" / f"x{name}").write_bytes((tmp_path / "theirs" / name).read_bytes())
     out = _rounds(tmp_path / "ours", 47322, "xaws-1", up=10, down=10, rounds=1, warmup=0)
     assert out.returncode != 0
+
+
+def test_the_answers_wait_for_every_peers_request(tmp_path: Path) -> None:
+    """With ``--peers 2`` the coordinator's end answers nobody's round before both requests
+    are in, as a broadcast waits for every upload: a client that starts 1.5 s before the
+    other times its first round at the wait, later rounds in step."""
+    make_federation(tmp_path)
+    port = 47323
+    server = subprocess.Popen(
+        [*PROBE, "tls-respond", "--bind", "127.0.0.1", "--port", str(port), "--peers", "2"]
+        + ["--certs", str(tmp_path), "--name", "coordinator", "--duration-s", "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    clients = []
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        for client, delay in (("aws-1", 0.0), ("gcp-1", 1.5)):
+            time.sleep(delay)
+            clients.append(
+                subprocess.Popen(
+                    [*PROBE, "tls-rounds", "--to", "127.0.0.1", "--port", str(port)]
+                    + ["--certs", str(tmp_path), "--name", client, "--duration-s", "20"]
+                    + ["--up=1000", "--down=2000", "--rounds=2", "--warmup=0", "--idle-s=0.1"],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        early, late = (json.loads(c.communicate(timeout=30)[0].splitlines()[-1]) for c in clients)
+    finally:
+        for proc in (*clients, server):
+            proc.kill()
+            proc.wait()
+    assert early["seconds"][0] > 1.0 > late["seconds"][0]  # the first waited for the second
+    assert max(early["seconds"][1:] + late["seconds"][1:]) < 1.0
