@@ -96,7 +96,7 @@ class Row:
     round_s: float = float("nan")
     bare_s: float = float("nan")
     warm_s: float = float("nan")
-    """A round's bytes over one warm TLS connection (``warm_tcp_s``)."""
+    """A round's bytes over warm TLS connections on every link at once (``warm_tcp_s``)."""
     mb_up: float = float("nan")
     """Per link per round, MB."""
     mb_down: float = float("nan")
@@ -515,11 +515,15 @@ def table(rows: list[Row]) -> list[str]:
         cpu = f"{r.exchange_s / max(r.floor_s, lan.exchange_s):.2f}x" if lan else ""
         if r.overlap == "on":
             sibling = next((o for o in rows if o.overlap == "off" and _same(o, r)), None)
-            bound = max(r.train_s, sibling.exchange_s) if sibling else float("nan")
+            bound = (
+                f"{r.round_s / max(r.train_s, sibling.exchange_s):.2f}x"
+                if sibling
+                else "(no overlap-off row in this run)"
+            )
             lines.append(
                 f"| {r.profile} | {r.settings} | {r.mb_up:.2f}/{r.mb_down:.2f} | {r.train_s:.2f} "
                 f"| (overlapped) | {r.floor_s:.2f} | | {r.round_s:.2f} | {r.bare_s:.2f} "
-                f"| {r.warm_s:.2f} | | | {r.round_s / bound:.2f}x |"
+                f"| {r.warm_s:.2f} | | | {bound} |"
             )
             continue
         lines.append(
@@ -562,7 +566,11 @@ def warm_worst_line(rows: list[Row]) -> list[str]:
 
 
 def worst_line(rows: list[Row]) -> str:
-    picked = [r for r in rows if r.default] or [r for r in rows if r.overlap == "off"] or rows
+    """The worst exchange against its floor at default settings (else of every run without
+    overlap): an overlapped round has no exchange of its own to compare."""
+    picked = [r for r in rows if r.default] or [r for r in rows if r.overlap == "off"]
+    if not picked:
+        return "worst exchange/floor: none measured (every run overlapped: add --overlap off)"
     worst = max(picked, key=lambda r: r.ratio)
     return f"worst exchange/floor: {worst.ratio:.2f}x ({worst.profile}, {worst.settings})"
 

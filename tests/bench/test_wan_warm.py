@@ -109,3 +109,19 @@ def test_the_answers_wait_for_every_peers_request(tmp_path: Path) -> None:
             proc.wait()
     assert early["seconds"][0] > 1.0 > late["seconds"][0]  # the first waited for the second
     assert max(early["seconds"][1:] + late["seconds"][1:]) < 1.0
+
+
+def test_overlapped_runs_alone_name_no_worst_exchange_and_no_ratio(wan) -> None:
+    """Without a run that does not overlap, a round has no exchange of its own to set
+    against its floor or to bound the overlapped round: the table and the last line say
+    so, not NaN or a figure of the overlapped round's."""
+    row = wan.Row("transpacific", "topk", "bbr", "monitor", "on", default_n=True)
+    row.train_s, row.round_s, row.floor_s, row.exchange_s = 1.1, 2.4, 0.73, 1.3
+    assert wan.worst_line([row]).startswith("worst exchange/floor: none measured")
+    assert wan.table([row])[-1].endswith("| (no overlap-off row in this run) |")
+    off = wan.Row("transpacific", "topk", "bbr", "monitor", "off", default_n=True)
+    off.train_s, off.round_s, off.floor_s, off.exchange_s = 1.0, 2.6, 0.73, 1.6
+    assert wan.worst_line([row, off]) == (
+        "worst exchange/floor: 2.19x (transpacific, topk, bbr, N=monitor, overlap off)"
+    )
+    assert wan.table([off, row])[-1].endswith(f"| {2.4 / 1.6:.2f}x |")
