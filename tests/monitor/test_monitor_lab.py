@@ -176,6 +176,10 @@ def test_measured_loss_on_one_and_three_percent_links_is_within_the_bound(
     status = json.loads((tmp / "status.json").read_text())
     measured = {a["name"]: a.get("lossPct", 0.0) for a in status["agents"]}
     print(f"measured one-way loss: {measured}")
-    # ~3900 probes: 4 standard errors of the one-way estimate are 0.45 and 0.8 points.
-    assert measured["azure-1"] == pytest.approx(1.0, abs=0.5), logs(fed)
-    assert measured["aws-2"] == pytest.approx(3.0, abs=0.8), logs(fed)
+    # The monitor's loss is an EWMA of 2 s windows' probe counts (loss_alpha 0.3), worth
+    # (2 - a) / a = 5.7 windows of ~300 round-trip probes, not all ~3900 sent: 4 standard
+    # errors of its one-way estimate are 0.68 points at 1 % and 1.18 at 3 % (the bound
+    # once taken from all 3900, 0.8, failed a suite run at 2.17 % against 3 %).
+    assert measured["azure-1"] == pytest.approx(1.0, abs=0.7), logs(fed)
+    assert measured["aws-2"] == pytest.approx(3.0, abs=1.2), logs(fed)
+    assert measured["aws-2"] > measured["azure-1"], logs(fed)
