@@ -169,18 +169,17 @@ class RoundAggregate:
         while it arrives. A payload whose check keeps its parse (Top-k), or of a codec
         this build does not know (its check refuses it), goes to memory."""
         spillable = codec in codec_names() and not keeps_parse(codec)
-        with self._hold_lock:
-            if not spillable or self._fits(nbytes):
-                self._count_held(contribution, nbytes)
-                contribution.arriving = nbytes
-                return pool(nbytes)
-        region = self._spilled(contribution, lambda file: file.region(nbytes))
-        if region is None:  # no file, no room: in memory after all
-            with self._hold_lock:
-                self._count_held(contribution, nbytes)
-                contribution.arriving = nbytes
-            return pool(nbytes)
-        return region
+        with self._hold_lock:  # the room is judged and taken at once
+            in_memory = not spillable or self._fits(nbytes)
+            if in_memory:
+                self._count_arriving(contribution, nbytes)
+        if not in_memory:
+            region = self._spilled(contribution, lambda file: file.region(nbytes))
+            if region is not None:
+                return region
+            with self._hold_lock:  # no file, no room: in memory after all
+                self._count_arriving(contribution, nbytes)
+        return pool(nbytes)
 
     def hold(self, contribution: Contribution, payload: Payload, parsed: Parsed | None) -> Payload:
         """``payload`` as it is to be staged: in memory while the round's budget allows (or
@@ -219,6 +218,12 @@ class RoundAggregate:
     def _count_held(self, contribution: Contribution, nbytes: int) -> None:
         self.held += nbytes
         contribution.held += nbytes
+
+    def _count_arriving(self, contribution: Contribution, nbytes: int) -> None:
+        """Count a payload put together in memory from its first chunk (the caller holds
+        the lock); :meth:`hold` trades it for the payload's real size."""
+        self._count_held(contribution, nbytes)
+        contribution.arriving = nbytes
 
     def _spilled(self, contribution: Contribution, put: Callable[[SpillFile], _T]) -> _T | None:
         """``put(file)`` on its contribution's file, made on first use; None where no file
