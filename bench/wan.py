@@ -21,8 +21,9 @@ Per run it prints medians over the rounds after the first:
 - warm TCP s: after it, on every agent's link at once, one mutual-TLS connection each
   with the federation's certificates, kept open: per round each agent's end sends a
   link's upload bytes and the coordinator's end answers every one with its broadcast
-  bytes once all are in, ``WARM_ROUNDS`` rounds a training's median apart after
-  ``WARM_UP`` untimed ones; a round is its slowest agent's, and the column their median.
+  bytes once all are in, ``WARM_ROUNDS`` rounds (the federation's timed rounds, if more)
+  a training's median apart after ``WARM_UP`` untimed ones; a round is its slowest
+  agent's, and the column their median.
   What the links (their loss recovery included, and the round's wait for the slowest)
   and TLS on this host take for a round's bytes on connections as warm as a session's:
   the reference for skyfed's share of an exchange. (Until session 25 it was one link's
@@ -79,6 +80,8 @@ WARM_PORT = 47101
 WARM_UP = 2
 """Untimed rounds that open the warm connection's windows before the timed ones."""
 WARM_ROUNDS = 6
+"""Timed warm rounds at least; as many as the federation's timed rounds (``--rounds`` - 1)
+when it runs more, so both medians rest on as many samples of the same heavy-tailed link."""
 DEFAULTS = {"overlap": "off", "cc": "bbr"}
 """The settings the last line's worst case is taken over (see the module docstring)."""
 
@@ -221,7 +224,15 @@ def run_one(
             row.bare_s = bare_tcp_s(lab, AGENTS[0], int(up), True) + bare_tcp_s(
                 lab, AGENTS[0], int(down), False
             )
-            row.warm_s = warm_tcp_s(lab, fed.certs, AGENTS, int(up), int(down), row.train_s)
+            row.warm_s = warm_tcp_s(
+                lab,
+                fed.certs,
+                AGENTS,
+                int(up),
+                int(down),
+                row.train_s,
+                rounds=max(WARM_ROUNDS, args.rounds - 1),
+            )
     return row
 
 
@@ -273,7 +284,13 @@ def bare_tcp_s(lab: Lab, agent: str, nbytes: int, upward: bool) -> float:
 
 
 def warm_tcp_s(
-    lab: Lab, certs: Path, agents: Sequence[str], up: int, down: int, idle_s: float
+    lab: Lab,
+    certs: Path,
+    agents: Sequence[str],
+    up: int,
+    down: int,
+    idle_s: float,
+    rounds: int = WARM_ROUNDS,
 ) -> float:
     """Median seconds of a round's bytes over warm mTLS connections, one on each of
     ``agents``' links at once: each sends ``up``, the coordinator's end answers every one
@@ -294,10 +311,10 @@ def warm_tcp_s(
     try:
         assert server.stdout is not None
         server.stdout.readline()  # ready
-        rounds = ["--up", str(up), "--down", str(down), "--idle-s", f"{idle_s:.3f}"]
-        rounds += ["--rounds", str(WARM_ROUNDS), "--warmup", str(WARM_UP)]
+        shape = ["--up", str(up), "--down", str(down), "--idle-s", f"{idle_s:.3f}"]
+        shape += ["--rounds", str(rounds), "--warmup", str(WARM_UP)]
         for agent in agents:
-            argv = [*probe, "tls-rounds", "--to", addr, "--name", agent, *tls, *rounds]
+            argv = [*probe, "tls-rounds", "--to", addr, "--name", agent, *tls, *shape]
             clients.append(
                 subprocess.Popen(
                     lab.hosts[agent].exec_argv(argv), stdout=subprocess.PIPE, text=True

@@ -26,11 +26,13 @@ pytestmark = pytest.mark.lab
 
 TASK = "skyfed.tasks.examples:wide?params=1M"
 ROUNDS = 4
-BASELINE_ROUNDS = 2
+BASELINE_ROUNDS = 4
 """Rounds of the session held to one connection (ROUNDS: the monitor's). A one-stream round
-takes about 35 s here (1.6-5.3 Mbit/s), the monitor's N 17.9-50.4 Mbit/s. The ratio was
-7.7-16.7x over runs of 3 and 6 rounds and 6.0x in a run of 2 and 4, which take ~110 s
-against ~150: still twice the 3x asserted."""
+moves its 4 MB at 1.6-5.3 Mbit/s in most runs, the monitor's N 17.9-50.4 Mbit/s: the ratio
+was 6.0-16.7x. But one stream that meets no loss in its first few hundred packets leaves
+slow start with a wide window: CI once read 9.8 and 15.4 Mbit/s for the only two one-stream
+rounds of a run (2.2x). Four one-stream rounds (three held, the monitor's first), taken as
+bytes over time, let one lucky round count for a quarter of the time it saved."""
 
 
 def _links(lab: Lab, workdir: Path, *, max_streams: int, rounds: int) -> list[dict]:
@@ -80,6 +82,8 @@ def test_the_monitors_streams_move_three_times_the_bytes_of_one_on_a_lossy_link(
     # A status holds a round's figures from the next contribution: the held session's
     # last round has none, so its rounds give BASELINE_ROUNDS - 1, the monitor's first one.
     assert len(one) >= BASELINE_ROUNDS and widest > 1, links
-    ratio = statistics.median(chosen) / statistics.median(one)
+    # Every round moves the same bytes, so bytes per second over a set of rounds is the
+    # harmonic mean of their goodputs (a median of two is their mean, swayed by one lucky round).
+    ratio = statistics.harmonic_mean(chosen) / statistics.harmonic_mean(one)
     print(f"{widest} streams move {ratio:.1f}x the bytes per second of one")
     assert ratio >= 3.0
