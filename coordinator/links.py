@@ -86,7 +86,9 @@ class LinkState:
         self.probe_counts = (0.0, 0.0)
         """Probes settled and lost on this link over about ``STREAM_LOSS_PROBES``: the
         N policy's loss figure, kept across the agent's sessions."""
-        self.streams = StreamsState(streams=self.streams_config.min_streams)
+        self.streams = StreamsState(
+            streams=self.streams_config.min_streams, warmup=self.streams_config.warmup_transfers
+        )
         """How many connections the policy wants the link's session on, and its probe.
         Kept across the agent's sessions, as the codec is."""
         self.streams_decided: stream_policy.Decision | None = None

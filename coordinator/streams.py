@@ -56,7 +56,8 @@ class StreamsConfig:
     warmup_transfers: int = 1
     """Uploads at a probe's larger N that do not judge it: its new connections spend
     their first round trips on TLS, the join and slow start (on cross-region, 4 new
-    streams' first upload moved what 4 old ones did, their second 2x)."""
+    streams' first upload moved what 4 old ones did, their second 2x). A new link's first
+    uploads start no probe either, for the same reason."""
     jump_factor: int = 4
     """A probe's N times the current one when each stream moves at least its whole Mathis
     cap (clearly loss-limited) and the link's rate is not known; 2 between
@@ -113,7 +114,11 @@ class StreamsState:
     """The last N a probe up did not pay at (0: none yet): later probes up try half-way
     to it, and it again only from just below it."""
     warmup: int = 0
-    """Uploads left before the probe in progress is judged."""
+    """Uploads left before the probe in progress is judged, or, not probing, before the
+    link's first step: a link starts at ``warmup_transfers`` (``Links``) because its first
+    upload runs on a cold connection (TLS, slow start). Judged against that, any probe
+    pays: on transpacific Top-k's first upload took 3.8 s, later ones 1.0 s on one stream,
+    so two links kept 4 streams that took 1.1-2.3 s (docs/striping.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +193,9 @@ def step(
             StreamsState(streams=most, failed_at=state.failed_at),
             f"an upload of {chunks} chunks keeps at most {chunks} streams busy",
         )
-    if state.probe_from and state.warmup:
-        return decide(replace(state, warmup=state.warmup - 1), f"{n} new streams warming up")
+    if state.warmup:  # a probe's new streams, or a new link's first connection
+        why = f"{n} new streams warming up" if state.probe_from else "a cold connection's upload"
+        return decide(replace(state, warmup=state.warmup - 1), why)
     if state.probe_from:
         base, base_mbit = state.probe_from, state.probe_from_mbit
         up = n > base

@@ -156,6 +156,18 @@ def test_a_probe_is_judged_once_its_new_connections_are_warm():
     assert seen_on(cold()) == [1, 2, 1, 1, 1, 1]
 
 
+def test_a_new_links_cold_first_upload_starts_no_probe():
+    """Measured on transpacific (BBR, Top-k): the first upload of a session took 3.8 s, as
+    TLS and slow start do, the next ones 1.0 s on one stream. A probe started from the
+    first and judged against it always paid, and two of three links kept 4 streams that
+    took 1.1-2.3 s. A link starts warming up (``Links.open``), so N moves from the second."""
+    cap = mathis_mbit(250, 1.2)
+    new = StreamsState(warmup=StreamsConfig().warmup_transfers)
+    first = step(new, 4 * cap, 250, 1.2, StreamsConfig(), seconds=3.8)
+    assert first.state == StreamsState() and first.reason == "a cold connection's upload"
+    assert step(first.state, 4 * cap, 250, 1.2, StreamsConfig(), seconds=3.0).state.streams == 4
+
+
 def test_a_full_path_takes_no_more_streams():
     cap = mathis_mbit(120, 0.5)
     state = StreamsState(streams=8)
@@ -200,6 +212,9 @@ def test_a_links_change_of_n_is_logged_with_its_figures_and_counted_at_the_bound
     link.probe_counts = (1000, 10)  # ~0.5 % one way, as the heartbeats count them
     cap_mbit = mathis_mbit(120.0, link.stream_loss_pct())
     nbytes = int(1.1 * cap_mbit * 1e6 / 8)  # one second at a little over one stream's cap
+    link.upload_begins(0, t0 + 50.0)  # the link's first upload, on a cold connection
+    link.upload_done(nbytes // 4, t0 + 51.0, connections=1)
+    assert links.streams_at_boundary(session) == 1 and session.stream_switches == 0
     link.upload_begins(0, t0 + 100.0)
     link.upload_done(nbytes, t0 + 101.0, connections=1)
     with caplog.at_level("INFO", logger="skyfed.coordinator.links"):
@@ -215,10 +230,10 @@ def test_a_links_change_of_n_is_logged_with_its_figures_and_counted_at_the_bound
 
 
 def test_a_first_upload_that_ends_before_the_first_window_still_chooses_n():
-    """The lab's first upload on one stream can end before the monitor's first 2 s window
+    """The lab's first uploads on one stream can end before the monitor's first 2 s window
     closes (the agent's echo that times the link waits behind its chunks): the step goes
     by the latest round trip, not "nothing measured", so the link does not stay on one
-    stream a round longer."""
+    stream a round longer. (The first upload, on a cold connection, starts no probe.)"""
     links = Links("fp32", PolicyConfig(), MonitorConfig(), [1000], StreamsConfig(max_streams=16))
     ident = Identity(trust_domain="skyfed.local", role="agent", name="aws-1", cloud="aws")
     session = Session(ident, "ipv4:127.0.0.1:1")
@@ -230,9 +245,12 @@ def test_a_first_upload_that_ends_before_the_first_window_still_chooses_n():
     link.probe_counts = (40, 0)  # no lost probe yet: the known rate decides
     link.rate_mbit = 100.0
     link.upload_begins(0, t0 + 0.1)
-    link.upload_done(4_000_000, t0 + 1.5, connections=1)  # 23 Mbit/s of 100
+    link.upload_done(1_000_000, t0 + 0.35, connections=1)
+    assert links.streams_at_boundary(session) == 1  # warming up
+    link.upload_begins(1_000_000, t0 + 0.4)
+    link.upload_done(4_600_000, t0 + 1.5, connections=1)  # 26 Mbit/s of 100, 9 round trips
     assert link.monitor.windows == 0
-    assert links.streams_at_boundary(session) == 5  # ceil(100 / 23)
+    assert links.streams_at_boundary(session) == 4  # ceil(100 / 26)
 
 
 def test_an_upload_of_few_chunks_never_probes_more_streams_than_it_has_chunks():
