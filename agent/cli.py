@@ -91,9 +91,9 @@ def start(
         os.environ["SKYFED_LOG_FORMAT"] = log_format  # the rank processes log alike
     setup_logging(log_level, who=config.name, fmt=log_format)
     from skyfed.agent.launch import PROGRESS_ENV, run
-    from skyfed.netinfo import log_congestion_control
+    from skyfed.netinfo import log_congestion_control, target_host
 
-    log_congestion_control(config.coordinator.rpartition(":")[0].strip("[]"), "agent")
+    log_congestion_control(target_host(config.coordinator), "agent")
 
     progress = not no_progress and log_format != "json"
     os.environ[PROGRESS_ENV] = "1" if progress else "0"

@@ -20,6 +20,7 @@ from skyfed.errors import ProtocolError
 from skyfed.files import write_text_atomic
 from skyfed.fingerprint import DIGEST_PREFIX, is_weights_digest
 from skyfed.logs import Phases
+from skyfed.netinfo import congestion_control, target_host
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
 from skyfed.wire import (
     EXCHANGES,
@@ -182,6 +183,9 @@ class Agent:
             exchanges=EXCHANGES,
             max_streams=self.config.max_streams,
             local_steps=self.config.local_steps,
+            # The N policy reads it: Mathis's cap bounds a stream only where an end's
+            # congestion control backs off on random loss (coordinator/streams.py).
+            congestion_control=congestion_control(target_host(self.config.coordinator)).name,
         )
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)

@@ -96,6 +96,7 @@ class Admission:
             self._replace_existing(session)
             session.codecs = frozenset(hello.codecs)
             session.local_steps = hello.local_steps
+            session.agent_cc = hello.congestion_control
             fed.links.open(session, fed.round)
             session.tp = max(1, hello.tp)
             self._offer_stripes(session, hello)
@@ -115,7 +116,7 @@ class Admission:
             session.state = "idle"
             log.info(
                 "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s tp=%d "
-                "local_steps=%d",
+                "local_steps=%d cc=%s agent_cc=%s",
                 session.identity.uri,
                 fed.round,
                 behind,
@@ -123,6 +124,8 @@ class Admission:
                 fed.links.codec_params(session, fed.round) or "{}",
                 session.tp,
                 session.local_steps,
+                session.cc.name if session.cc else "unknown",
+                session.agent_cc or "unknown",
             )
             fed.cond.notify_all()
 

@@ -25,7 +25,7 @@ from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
 from skyfed.coordinator.observed import Observed
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
 from skyfed.coordinator.streams import StreamsConfig, StreamsState
-from skyfed.netinfo import log_send_buffering, loss_cap_warning
+from skyfed.netinfo import CongestionControl, log_send_buffering, loss_cap_warning
 from skyfed.wire import ExchangeTiming, Heartbeat
 
 if TYPE_CHECKING:
@@ -96,6 +96,10 @@ class LinkState:
         self.best_mbit = 0.0
         """The best goodput an upload on this link has shown: the floor's rate when the
         operator gave none."""
+        self.loss_based = True
+        """Whether a random loss slows the link's streams (an end's congestion control is
+        loss-based, or not known): only then does Mathis's cap bound them and call for
+        more streams (``Links.open`` sets it from both ends' congestion controls)."""
         self.cc_warned = False
         """Whether the loss-capped congestion control warning was logged (once a link)."""
         self.monitor = LinkMonitor(monitor, start_s=time.monotonic())
@@ -220,6 +224,7 @@ class LinkState:
             rate_mbit=self.rate_mbit,
             chunks=chunks,
             seconds=seconds,
+            loss_based=self.loss_based,
         )
         log.debug(
             "[Coordinator.Streams] step streams=%d next=%d rtt_ms=%.1f loss_pct=%.2f "
@@ -317,6 +322,11 @@ class Links:
             link.probe = self.echo.register(on_rtt=link.probe_rtt)
         session.link = link
         link.run = link.run.at(self._wanted(session), round_)
+        # Mathis's cap binds where either end's congestion control backs off on random
+        # loss, or where an end does not say (an agent from before the field).
+        ours = session.cc is not None and session.cc.model_based
+        theirs = CongestionControl(name=session.agent_cc, source="agent").model_based
+        link.loss_based = not (ours and theirs)
         return link
 
     def boundary(self, session: Session, next_round: int) -> None:

@@ -42,9 +42,11 @@ class Session:
     joined_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     inbound: Inbound | None = None
+    """The contribution being received (or refused and discarded), if any."""
     cc: CongestionControl | None = None
     """The congestion control this session's connection gets (``skyfed/netinfo.py``)."""
-    """The contribution being received (or refused and discarded), if any."""
+    agent_cc: str = ""
+    """The agent's congestion control toward us, from the hello ("": not said)."""
     merge: Merge | None = None
     """Its incoming messages from every connection, delivered in order (the servicer's)."""
     stripe_token: bytes = b""

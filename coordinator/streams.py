@@ -6,10 +6,13 @@ move N times that until the path itself is full. After each upload the policy co
 the goodput each of the link's N streams achieved with that cap. Streams near it are
 loss-limited: where the operator gave the link's rate, the policy tries at once the N the
 model says fills it (``ceil(rate / cap)``); without a rate, 4 N when the streams move
-their whole cap, 2 N when half of it. Streams far beyond their cap (BBR, which does not
-back off on random loss) count as loss-limited too: the model does not bind them, but a
-probe costs one round and is kept only if it pays (on transpacific, BBR moved 28 Mbit/s
-on one stream, 40 on four). Below a known rate with no loss measured (yet), windows or
+their whole cap, 2 N when half of it. Where both ends' congestion control does not back
+off on random loss (BBR, as the agent's hello and our route say), the cap binds nothing
+and the link is read as one without measured loss: on transpacific a warm BBR stream moved
+38-44 Mbit/s of 50, 4 and 16 streams no more, and every probe's way back cost rounds (the
+stream left alone moved 22-34 Mbit/s for two rounds). Where an end is loss-based or does
+not say, streams far beyond their cap count as loss-limited, as a probe that does not pay
+comes back. Below a known rate with no loss measured (yet), windows or
 slow start hold the streams back (or the loss is not seen yet), which more streams
 share out too: the N that carries the rate at the streams' goodput. A probe up is
 judged on the upload after its first (new connections spend theirs on TLS, the join and
@@ -165,18 +168,21 @@ def step(
     rate_mbit: float = math.nan,
     chunks: int = 0,
     seconds: float = math.nan,
+    loss_based: bool = True,
 ) -> Decision:
     """One upload's step: ``goodput_mbit`` is what the link moved over ``state.streams``
     streams, at the link's current ``rtt_ms`` and ``loss_pct``; ``rate_mbit`` is the
     link's rate where the operator knows it (nan, or 0: not known); ``chunks`` what the
-    upload was cut into (0: not known); ``seconds`` how long it took (nan: not known).
+    upload was cut into (0: not known); ``seconds`` how long it took (nan: not known);
+    ``loss_based`` False where both ends' congestion control ignores random loss (BBR):
+    then Mathis's cap binds no stream, and the link is read as one without measured loss.
 
     A chunk travels whole on one stream, so an upload of c chunks keeps at most c streams
     busy: N never goes above c. Without that bound a sparse codec's upload of one or two
     chunks (Top-k at 10M: 0.8 MB) probed 4 and 16 streams whose cold connections only cost
     their handshakes (on transpacific N = 1 was 2x faster than the monitor's N:
     docs/striping.md)."""
-    cap = mathis_mbit(rtt_ms, loss_pct, config.mss_bytes)
+    cap = mathis_mbit(rtt_ms, loss_pct if loss_based else 0.0, config.mss_bytes)
     rate = rate_mbit if math.isfinite(rate_mbit) and rate_mbit > 0 else math.nan
     n, grow = state.streams, 1 + config.grow_pct / 100
     most = config.max_streams  # the streams this upload could keep busy

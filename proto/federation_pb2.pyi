@@ -28,7 +28,7 @@ class Shard(_message.Message):
     def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps", "frame_version")
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps", "frame_version", "congestion_control")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Hello(_message.Message):
     MAX_STREAMS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     FRAME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONGESTION_CONTROL_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     task: str
@@ -53,7 +54,8 @@ class Hello(_message.Message):
     max_streams: int
     local_steps: int
     frame_version: int
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ..., frame_version: _Optional[int] = ...) -> None: ...
+    congestion_control: str
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ..., frame_version: _Optional[int] = ..., congestion_control: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams", "frame_version")

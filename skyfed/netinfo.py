@@ -39,6 +39,9 @@ CAPPED_BELOW = 0.25
 """Warn when one loss-based stream's Mathis rate is below this share of the link's rate."""
 LOSS_BASED = frozenset({"reno", "cubic", "htcp", "bic", "highspeed", "scalable", "westwood"})
 """Congestion controls that halve their window on a random loss (Mathis: rate ~ 1/sqrt(p))."""
+MODEL_BASED = frozenset({"bbr", "bbr2", "bbr3"})
+"""Congestion controls that pace at a model of the path's rate and do not back off on a
+random loss: Mathis's cap does not bound their streams."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -56,13 +59,24 @@ class CongestionControl:
         """True for an algorithm that a random loss slows (CUBIC, Reno, ...)."""
         return self.name in LOSS_BASED
 
+    @property
+    def model_based(self) -> bool:
+        """True for an algorithm that a random loss does not slow (BBR); False for the
+        rest, an unknown one included."""
+        return self.name in MODEL_BASED
+
+
+def target_host(target: str) -> str:
+    """The host of a ``host:port`` target (``[::1]:5000``: ``::1``)."""
+    return target.rpartition(":")[0].strip("[]")
+
 
 def peer_host(grpc_peer: str) -> str:
     """The address in a gRPC peer string (``ipv4:10.0.0.2:5000``, ``ipv6:[::1]:5000``)."""
     kind, _, rest = grpc_peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return grpc_peer
-    return rest.rpartition(":")[0].strip("[]")
+    return target_host(rest)
 
 
 def congestion_control(peer: str | None) -> CongestionControl:

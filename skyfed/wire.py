@@ -103,6 +103,9 @@ class Hello:
     frame_version: int = FRAME_VERSION
     """The payload frame it speaks (``compression/frame.py``; 0 on the wire: version 1,
     an agent from before the field)."""
+    congestion_control: str = ""
+    """Its TCP congestion control toward the coordinator (``bbr``; "": not said, an agent
+    from before the field); the N policy reads it (``coordinator/streams.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +290,7 @@ def _check_hello(m: Hello) -> None:
     _int_in("hello.tp", m.tp, 0, MAX_TP)
     _int_in("hello.last_round", m.last_round, -1, MAX_ROUND)
     _int_in("hello.local_steps", m.local_steps, 0, MAX_LOCAL_STEPS)
+    _text("hello.congestion_control", m.congestion_control, 32)
     _texts("hello.codecs", m.codecs)
     _texts("hello.exchanges", m.exchanges)
     _bound(len(m.tensors) <= MAX_TENSORS, "hello.tensors", len(m.tensors), f"<= {MAX_TENSORS}")

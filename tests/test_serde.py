@@ -128,6 +128,18 @@ def test_hello_of_an_agent_from_before_local_steps_reads_as_0_and_a_huge_one_is_
         check_agent_message(serde.agent_message_from_proto(huge))
 
 
+def test_hello_carries_the_agents_congestion_control_and_an_overlong_one_is_refused():
+    said = pb.AgentMessage(hello=pb.Hello(cloud="aws", name="aws-1", congestion_control="bbr"))
+    hello = serde.agent_message_from_proto(said)
+    assert isinstance(hello, Hello) and hello.congestion_control == "bbr"
+    assert serde.agent_message_to_proto(hello).hello.congestion_control == "bbr"
+    old = serde.agent_message_from_proto(pb.AgentMessage(hello=pb.Hello(cloud="aws")))
+    assert isinstance(old, Hello) and old.congestion_control == ""  # an agent from before
+    long = pb.AgentMessage(hello=pb.Hello(cloud="aws", name="aws-1", congestion_control="b" * 33))
+    with pytest.raises(ProtocolError, match="hello.congestion_control"):
+        check_agent_message(serde.agent_message_from_proto(long))
+
+
 def _chunks() -> list[Chunk]:
     """Chunks with every field at zero, small, at a varint's boundaries and at its limits."""
     out = []

@@ -20,10 +20,17 @@ from skyfed.coordinator.streams import (
     step,
     streams_for,
 )
+from skyfed.netinfo import CongestionControl
 
 
 def run(
-    link, rtt_ms: float, loss_pct: float, uploads: int, config: StreamsConfig, rate_mbit=math.nan
+    link,
+    rtt_ms: float,
+    loss_pct: float,
+    uploads: int,
+    config: StreamsConfig,
+    rate_mbit=math.nan,
+    loss_based: bool = True,
 ) -> list[int]:
     """The N of every upload on a link whose goodput at N streams is ``link(N)``, its new
     connections warm at once (``warmup_transfers = 0`` unless the test says otherwise;
@@ -31,7 +38,10 @@ def run(
     state, seen = StreamsState(), []
     for _ in range(uploads):
         seen.append(state.streams)
-        state = step(state, link(state.streams), rtt_ms, loss_pct, config, rate_mbit).state
+        goodput = link(state.streams)
+        state = step(
+            state, goodput, rtt_ms, loss_pct, config, rate_mbit, loss_based=loss_based
+        ).state
     return seen
 
 
@@ -123,10 +133,25 @@ def test_a_link_far_below_its_known_rate_without_measured_loss_tries_more_stream
     assert seen == [1, 4, 4, 4, 4]
 
 
-def test_bbr_streams_beyond_their_cap_are_probed_and_kept_only_where_they_pay():
-    """BBR does not back off on random loss: 88 Mbit/s at 0.5 % where Mathis allows 1.7.
-    More streams are tried (the model cannot say they will not help) and given up when
-    goodput does not grow; a known rate that one stream fills takes none."""
+def test_bbr_on_both_ends_takes_no_streams_for_loss():
+    """Measured on transpacific (1.2 % loss, 250 ms, 50 Mbit/s, BBR both ends): one warm
+    stream 38-44 Mbit/s where Mathis allows 0.5; 4 and 16 streams moved no more. With both
+    ends on BBR the loss calls for no streams; a known rate it does not fill still does."""
+    assert run(lambda n: 40.0, 250, 1.2, 6, cold(), loss_based=False) == [1] * 6
+
+    def transpacific(n: int) -> float:
+        return min(28.0 * n**0.5, 95.0)
+
+    assert run(transpacific, 250, 1.2, 3, cold(), 100.0, loss_based=False) == [1, 4, 8]
+    # An end that does not say (or runs CUBIC) keeps the loss rule: the probe below.
+    assert run(lambda n: 40.0, 250, 1.2, 2, cold()) == [1, 4]
+
+
+def test_streams_beyond_their_cap_are_probed_and_kept_only_where_they_pay():
+    """Streams far beyond their Mathis cap (88 Mbit/s at 0.5 % where it allows 1.7) where
+    an end's congestion control is loss-based, or not said: more streams are tried (the
+    model cannot say they will not help) and given up when goodput does not grow; a known
+    rate that one stream fills takes none."""
     seen = run(lambda n: 88.0, 120, 0.5, 8, cold(hold_transfers=4))
     assert seen == [1, 4, 1, 1, 1, 1, 1, 2]  # 4 paid nothing: back, held, half-way
     assert run(lambda n: 88.0, 120, 0.5, 6, cold(), rate_mbit=100.0) == [1] * 6
@@ -227,6 +252,21 @@ def test_a_links_change_of_n_is_logged_with_its_figures_and_counted_at_the_bound
         link.upload_begins(i * nbytes, t0 + 100.0 * i)
         link.upload_done(i * nbytes + 2 * nbytes, t0 + 100.0 * i + 1, connections=4)
         assert links.streams_at_boundary(session) == (4 if i == 2 else 8)  # then: kept, 2 x
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "loss_based"),
+    [("bbr", "bbr", False), ("bbr", "", True), ("bbr", "cubic", True), ("cubic", "bbr", True)],
+)
+def test_a_link_is_loss_based_unless_both_ends_run_bbr(ours, theirs, loss_based):
+    """The agent's hello says its congestion control, our route says ours: Mathis's cap
+    binds the link's streams unless both ignore random loss (an agent from before the
+    field says nothing, and is taken as loss-based, as every link was)."""
+    links = Links("fp16", PolicyConfig(), MonitorConfig(), [1000], StreamsConfig(max_streams=8))
+    ident = Identity(trust_domain="skyfed.local", role="agent", name="aws-1", cloud="aws")
+    session = Session(ident, "ipv4:127.0.0.1:1")
+    session.cc, session.agent_cc = CongestionControl(name=ours, source="route"), theirs
+    assert links.open(session, 0).loss_based is loss_based
 
 
 def test_a_first_upload_that_ends_before_the_first_window_still_chooses_n():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from skyfed.netinfo import congestion_control
+
 from .test_federation_processes import (
     CLOUDS,
     assert_identical,
@@ -26,11 +28,15 @@ def test_long_local_phases_wait_for_every_site_and_end_bit_identical(reaped, tmp
         start_agent(reaped, work, port, cloud, i, local_steps=100)
     status = finish(reaped, work, timeout_s=420)
     assert [r["contributors"] for r in status["rounds"]] == [3] * rounds, status["rounds"]
-    # each agent's hello said its local steps (the policy's long-phase rule reads them)
+    # each agent's hello said its local steps (the policy's long-phase rule reads them) and
+    # its congestion control toward the coordinator (the N policy reads it): on loopback
+    # the same as the coordinator's toward the agent
     joins = [
         line for line in reaped.log("coordinator").splitlines() if "[Coordinator.Join]" in line
     ]
     assert len(joins) >= len(CLOUDS) and all("local_steps=100" in j for j in joins), joins
+    cc = congestion_control("127.0.0.1").name
+    assert all(f"cc={cc} agent_cc={cc}" in j for j in joins), (cc, joins)
     losses = [r["meanLoss"] for r in status["rounds"]]
     assert losses[-1] < losses[0], losses
     assert_identical(work, status, rounds)
