@@ -73,8 +73,11 @@ def assess(
     rate_mbit: float,
     max_streams: int,
     mss_bytes: int = 1448,
+    loss_based: bool = True,
 ) -> Efficiency:
-    """The exchange against the floor of a link at ``rtt_ms``, ``loss_pct`` and ``rate_mbit``."""
+    """The exchange against the floor of a link at ``rtt_ms``, ``loss_pct`` and ``rate_mbit``
+    (``loss_based``: an end's congestion control backs off on random loss; False for BBR
+    on both ends, whose streams Mathis's cap does not bound)."""
     total_s = exchange.up_s + exchange.down_s
     nbytes = exchange.bytes_up + exchange.bytes_down
     floor = floor_s(rtt_ms, nbytes, rate_mbit)
@@ -83,7 +86,9 @@ def assess(
     goodput = nbytes * 8 / wire_s / 1e6 if wire_s > 0 else math.nan
     limit = ""
     if ratio > HIGH_RATIO:
-        limit = _limit(exchange, total_s, goodput, rtt_ms, loss_pct, max_streams, mss_bytes)
+        limit = _limit(
+            exchange, total_s, goodput, rtt_ms, loss_pct, max_streams, mss_bytes, loss_based
+        )
     return Efficiency(
         round=exchange.round,
         exchange_s=total_s,
@@ -105,6 +110,7 @@ def _limit(
     loss_pct: float,
     max_streams: int,
     mss_bytes: int,
+    loss_based: bool = True,
 ) -> str:
     """The resource the evidence points at, most specific first."""
     if exchange.codec_s > 0.5 * total_s:
@@ -113,6 +119,11 @@ def _limit(
     if rtts <= 4:
         return f"round trips: the exchange took {rtts:.1f} of them"
     n = max(1, exchange.streams)
+    if not loss_based and loss_pct > 0:
+        return (
+            f"loss recovery: {goodput_mbit:.1f} Mbit/s over {n} stream(s) at {loss_pct:.2f} % "
+            "loss; BBR does not back off on it, but each lost segment costs a round trip"
+        )
     cap = mathis_mbit(rtt_ms, loss_pct, mss_bytes)
     if math.isfinite(cap) and goodput_mbit / n >= 0.5 * cap:
         more = "" if n < max_streams else f", already at max_streams = {max_streams}"

@@ -395,6 +395,7 @@ class Links:
             rate_mbit=rate_mbit or link.best_mbit,
             max_streams=self.streams_config.max_streams,
             mss_bytes=self.streams_config.mss_bytes,
+            loss_based=link.loss_based,
         )
         self.warn_if_loss_capped(session, rtt_ms, stats.loss_pct, rate_mbit or link.best_mbit)
         return replace(e, cloud=session.identity.cloud or "", name=session.identity.name)

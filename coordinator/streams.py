@@ -120,7 +120,7 @@ class StreamsState:
     """Uploads left before the probe in progress is judged, or, not probing, before the
     link's first step: a link starts at ``warmup_transfers`` (``Links``) because its first
     upload runs on a cold connection (TLS, slow start). Judged against that, any probe
-    pays: on transpacific Top-k's first upload took 3.8 s, later ones 1.0 s on one stream,
+    pays: on transpacific Top-k's first exchange took 3.5-4.7 s, later ones 1.0 s on one stream,
     so two links kept 4 streams that took 1.1-2.3 s (docs/striping.md)."""
 
 

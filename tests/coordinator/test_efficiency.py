@@ -34,6 +34,18 @@ def test_one_loss_limited_stream_is_named_as_the_limit():
     assert e.limit.startswith("loss-limited streams: 1 x 1.7 Mbit/s")
 
 
+def test_a_lossy_link_with_bbr_on_both_ends_names_loss_recovery_not_mathis():
+    e = assess(
+        exchange(5.0, 10.6),
+        rtt_ms=120,
+        loss_pct=0.5,
+        rate_mbit=100,
+        max_streams=16,
+        loss_based=False,
+    )
+    assert e.limit.startswith("loss recovery: 1.6 Mbit/s over 1 stream(s) at 0.50 % loss")
+
+
 def test_an_exchange_near_its_floor_names_no_limit():
     e = assess(
         exchange(0.2, 0.3, streams=16), rtt_ms=120, loss_pct=0.5, rate_mbit=100, max_streams=16
