@@ -27,6 +27,7 @@ from skyfed.errors import (
     UnsupportedFrameError,
 )
 from skyfed.fingerprint import DIGEST_PREFIX, describe_mismatch, is_weights_digest
+from skyfed.netinfo import CongestionControl
 from skyfed.proto.chunks import cut_all
 from skyfed.wire import (
     ChunkKind,
@@ -96,7 +97,8 @@ class Admission:
             self._replace_existing(session)
             session.codecs = frozenset(hello.codecs)
             session.local_steps = hello.local_steps
-            session.agent_cc = hello.congestion_control
+            if hello.congestion_control:  # an agent from before the field says nothing
+                session.agent_cc = CongestionControl(name=hello.congestion_control, source="agent")
             fed.links.open(session, fed.round)
             session.tp = max(1, hello.tp)
             self._offer_stripes(session, hello)
@@ -125,7 +127,7 @@ class Admission:
                 session.tp,
                 session.local_steps,
                 session.cc.name if session.cc else "unknown",
-                session.agent_cc or "unknown",
+                session.agent_cc.name if session.agent_cc else "unknown",
             )
             fed.cond.notify_all()
 

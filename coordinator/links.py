@@ -25,7 +25,7 @@ from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
 from skyfed.coordinator.observed import Observed
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
 from skyfed.coordinator.streams import StreamsConfig, StreamsState
-from skyfed.netinfo import CongestionControl, log_send_buffering, loss_cap_warning
+from skyfed.netinfo import log_send_buffering, loss_cap_warning
 from skyfed.wire import ExchangeTiming, Heartbeat
 
 if TYPE_CHECKING:
@@ -324,9 +324,8 @@ class Links:
         link.run = link.run.at(self._wanted(session), round_)
         # Mathis's cap binds where either end's congestion control backs off on random
         # loss, or where an end does not say (an agent from before the field).
-        ours = session.cc is not None and session.cc.model_based
-        theirs = CongestionControl(name=session.agent_cc, source="agent").model_based
-        link.loss_based = not (ours and theirs)
+        ends = (session.cc, session.agent_cc)
+        link.loss_based = not all(cc is not None and cc.model_based for cc in ends)
         return link
 
     def boundary(self, session: Session, next_round: int) -> None:

@@ -45,8 +45,8 @@ class Session:
     """The contribution being received (or refused and discarded), if any."""
     cc: CongestionControl | None = None
     """The congestion control this session's connection gets (``skyfed/netinfo.py``)."""
-    agent_cc: str = ""
-    """The agent's congestion control toward us, from the hello ("": not said)."""
+    agent_cc: CongestionControl | None = None
+    """The agent's congestion control toward us, from its hello (None: not said)."""
     merge: Merge | None = None
     """Its incoming messages from every connection, delivered in order (the servicer's)."""
     stripe_token: bytes = b""

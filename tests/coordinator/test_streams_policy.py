@@ -265,7 +265,8 @@ def test_a_link_is_loss_based_unless_both_ends_run_bbr(ours, theirs, loss_based)
     links = Links("fp16", PolicyConfig(), MonitorConfig(), [1000], StreamsConfig(max_streams=8))
     ident = Identity(trust_domain="skyfed.local", role="agent", name="aws-1", cloud="aws")
     session = Session(ident, "ipv4:127.0.0.1:1")
-    session.cc, session.agent_cc = CongestionControl(name=ours, source="route"), theirs
+    session.cc = CongestionControl(name=ours, source="route")
+    session.agent_cc = CongestionControl(name=theirs, source="agent") if theirs else None
     assert links.open(session, 0).loss_based is loss_based
 
 
