@@ -28,7 +28,7 @@ def record(
         f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        f"- host: nproc {os.cpu_count()}, {_cpu_model()}, load average {load} at the end"
+        f"- host: nproc {os.cpu_count()}, {cpu_model()}, load average {load} at the end"
         " (the host may be shared with other engineers' work)",
         "",
         "```",
@@ -62,7 +62,7 @@ def _commit() -> str:
     return out or "unknown (no git here, SKYFED_COMMIT unset)"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's model name: figures from hosts of another model do not compare."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
