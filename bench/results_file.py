@@ -28,7 +28,7 @@ def record(
         f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        f"- host: nproc {os.cpu_count()}, {cpu_model()}, load average {load} at the end"
+        f"- host: {host()}, load average {load} at the end"
         " (the host may be shared with other engineers' work)",
         "",
         "```",
@@ -62,7 +62,13 @@ def _commit() -> str:
     return out or "unknown (no git here, SKYFED_COMMIT unset)"
 
 
-def cpu_model() -> str:
+def host() -> str:
+    """The host as a run names it: its cores and CPU model (a seed's trajectory repeats
+    only on one CPU model: their kernels round differently)."""
+    return f"nproc {os.cpu_count()}, {_cpu_model()}"
+
+
+def _cpu_model() -> str:
     """The CPU's model name: figures from hosts of another model do not compare."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

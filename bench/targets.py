@@ -45,7 +45,6 @@ itself when only the data order changes (on digits, about 5 seeds in 6), which b
 from __future__ import annotations
 
 import math
-import os
 import re
 import statistics
 import time
@@ -55,7 +54,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from convergence import Diverged, Exchange, Site, framing_bytes
-from results_file import cpu_model
+from results_file import host
 
 from skyfed.compression import Codec, ErrorFeedback, frame, lowbit, make_codec
 from skyfed.compression.policy import PolicyConfig
@@ -474,9 +473,7 @@ def run(
     (:data:`TARGETS`), then each seed's steps to each; ``steps`` gives a task its own S
     (the others keep ``sizes.steps``)."""
     configs = sizes.grid()
-    # A seed's trajectory repeats to the digit on one CPU model and not across models
-    # (their kernels round differently), so every run names the CPU it ran on.
-    print(f"host: nproc {os.cpu_count()}, {cpu_model()}", flush=True)
+    print(f"host: {host()}", flush=True)  # seeds compare only on one CPU model
     start = time.perf_counter()
     summaries = {k: {c: list[Summary]() for c in configs} for k in TARGETS}
     sized = {t: replace(sizes, steps=(steps or {}).get(t, sizes.steps)) for t in tasks}

@@ -110,7 +110,7 @@ def _limit(
     loss_pct: float,
     max_streams: int,
     mss_bytes: int,
-    loss_based: bool = True,
+    loss_based: bool,
 ) -> str:
     """The resource the evidence points at, most specific first."""
     if exchange.codec_s > 0.5 * total_s:
