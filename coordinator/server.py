@@ -119,8 +119,8 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         federation.stop()
         driver.join(timeout=10)
         _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-        federation.close_checkpoints()
-        for session in list(federation.sessions.values()):
+        federation.rounds.close_checkpoints()
+        for session in list(federation.admission.sessions.values()):
             session.close()  # ends each stream's generator, so stop() does not wait on it
         server.stop(grace=2).wait(timeout=10)
         if watch is not None:
@@ -174,7 +174,8 @@ def _export(config: CoordinatorConfig, federation: Federation) -> None:
     if config.export is None:
         return
     with federation.cond:
-        round_, weights = federation.round - 1, [w.clone() for w in federation.weights]
+        model = federation.model
+        round_, weights = model.round - 1, [w.clone() for w in model.weights]
     meta = export_weights(weights, config.export, task=config.task, round_=round_, seed=config.seed)
     log.info(
         "[Coordinator.Export] out=%s round=%d digest=%s",

@@ -107,26 +107,28 @@ def build_status(fed: Federation, windows: bool = False, departed: bool = False)
     """A snapshot of ``fed``; the caller holds its lock. ``windows`` adds raw link samples,
     ``departed`` the last round's members that have left since (``Federation.status``)."""
     now = time.monotonic()
+    sessions, revoked = fed.admission.sessions, fed.admission.revoked
+    rounds = fed.rounds
     gone = [
         s
-        for s in (fed.closed_with if departed else ())
-        if s.key not in fed.sessions and s.key not in fed.revoked
+        for s in (rounds.closed_with if departed else ())
+        if s.key not in sessions and s.key not in revoked
     ]
     return Status(
-        round=fed.round,
-        agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()]
-        + [_agent(fed, s, now, False) for k, s in fed.revoked.items() if k not in fed.sessions]
+        round=fed.model.round,
+        agents=[_agent(fed, s, now, windows) for s in sessions.values()]
+        + [_agent(fed, s, now, False) for k, s in revoked.items() if k not in sessions]
         + [_agent(fed, s, now, False) for s in gone],
-        weights_digest=fed.weights_digest,
+        weights_digest=fed.model.weights_digest,
         uptime_s=now - fed.started_at,
-        rounds=[replace(r, links=list(r.links)) for r in fed.history],
-        finished=fed.finished,
+        rounds=[replace(r, links=list(r.links)) for r in rounds.history],
+        finished=rounds.finished,
         exchange=fed.config.exchange,
         rounds_planned=fed.config.rounds,
         min_agents=fed.config.min_agents,
         refusals=dict(fed.refusals),
-        checkpoints=fed.checkpoints_written,
-        checkpoint_s=fed.checkpoint_wait_s,
+        checkpoints=rounds.checkpoints_written,
+        checkpoint_s=rounds.checkpoint_wait_s,
         eval_round=fed.evaluation.round if fed.evaluation else -1,
         eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
     )
@@ -154,7 +156,7 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         streams=s.connections,
         stream_switches=s.stream_switches,
         efficiency=s.efficiency,
-        codec_params=fed.links.codec_params(s, fed.round),
+        codec_params=fed.links.codec_params(s, fed.model.round),
         local_steps=s.local_steps,
     )
 
