@@ -9,6 +9,7 @@ the history), links (each link's monitor, codec and streams). One condition vari
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -64,6 +65,11 @@ class Federation:
         """Refused peers and sessions by gRPC status name, for operators (status, metrics)."""
         self.evaluation: EvalResult | None = None
         """The last held-out evaluation, set by the observer's evaluator."""
+        if config.stage_dir is None and config.spill_dir is not None:
+            # The coordinator's own directory stages what arrives past stage_memory
+            # (an operator's stage_dir is checked at start); without it, held in memory.
+            with contextlib.suppress(OSError):
+                config.spill_dir.mkdir(parents=True, exist_ok=True)
         self.payloads = PayloadPool()
         """The payloads' memory, kept mapped from round to round (reused once nothing holds
         a payload): the uplinks' and the downlink's."""
