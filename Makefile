@@ -21,9 +21,10 @@ proto:
 	python -m skyfed.proto.generate
 
 # The generated references: configuration (the config dataclasses' field docstrings),
-# metrics (the catalog), measured results (bench/results/).
+# metrics (the catalog), the CLI (the click commands), measured results (bench/results/).
 docs:
 	python -m skyfed.configref
+	python -m skyfed.cliref
 	python -m skyfed.metrics.reference
 	python bench/results_index.py
 
