@@ -13,7 +13,7 @@ import click
 
 from .authority import AuthorityError, CertificateAuthority, IssuedCertificate
 from .describe import describe, format_serial, format_time, load_material
-from .identity import IdentityError
+from .identity import COORDINATOR_NAME, IdentityError, replica_name, validate_name
 from .revocation import RevocationError
 
 DEFAULT_DIR = "certs"
@@ -120,6 +120,11 @@ def issue_admin(directory: Path, name: str, days: int, replace: bool) -> None:
 @_dir_option
 @click.option("--name", default="coordinator", show_default=True)
 @click.option(
+    "--replica",
+    help="A coordinator replica's name (docs/failover.md): issues coordinator-REPLICA, "
+    "its own key under the coordinator role.",
+)
+@click.option(
     "--host",
     "hosts",
     multiple=True,
@@ -128,9 +133,18 @@ def issue_admin(directory: Path, name: str, days: int, replace: bool) -> None:
 @_days_option(365)
 @_replace_option
 def issue_coordinator(
-    directory: Path, name: str, hosts: Sequence[str], days: int, replace: bool
+    directory: Path,
+    name: str,
+    replica: str | None,
+    hosts: Sequence[str],
+    days: int,
+    replace: bool,
 ) -> None:
-    """Issue the coordinator's server-and-client certificate."""
+    """Issue the coordinator's server-and-client certificate (one per replica)."""
+    if replica is not None:
+        if name != COORDINATOR_NAME:
+            raise CertsError("give --name or --replica, not both")
+        name = replica_name(validate_name("replica", replica))
     ca = CertificateAuthority.open(directory)
     hosts = hosts or ("localhost", "127.0.0.1")
     _echo_issued(ca.issue_coordinator(name, hosts, days=days, replace=replace))

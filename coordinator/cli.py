@@ -113,6 +113,11 @@ def main() -> None:
         "clip_norm_ratio": (float, "Clip update norms to this x the recent median (0: off)."),
         "max_streams_per_identity": (int, "Open streams one certificate identity may hold."),
         "hello_timeout_s": (float, "End a stream that sends no hello this long."),
+        "replica": (str, "This replica's name; with --etcd, elect one leader (failover.md)."),
+        "etcd": (str, "etcd endpoints the replicas elect through: http(s)://HOST:PORT,..."),
+        "advertise": (str, "HOST:PORT agents dial for this replica (default: listen's)."),
+        "lease_ttl_s": (int, "The replica's etcd lease TTL: a lost leader is replaced in ~this."),
+        "etcd_prefix": (str, "This federation's keys in etcd."),
     },
 )
 @click.option(
@@ -155,6 +160,8 @@ def serve(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if config.replica:
+        raise SystemExit(_serve_replica(config, stop))
     console = Console(stderr=True)
     started = time.monotonic()
     stack = contextlib.ExitStack()
@@ -171,6 +178,24 @@ def serve(
         click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
         raise SystemExit(1)
     _goodbye(config, running.observer.snapshot(), time.monotonic() - started, console)
+
+
+def _serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
+    """One replica of several (docs/failover.md): plain log lines, no live view (a standby
+    has no rounds to show); the exit status is the federation's."""
+    from skyfed.coordinator.replicas.serve import serve_replica
+
+    click.echo(f"coordinator replica {config.replica}, electing through {config.etcd}", err=True)
+    try:
+        code = serve_replica(config, stop)
+    except TaskLoadError as exc:
+        raise click.UsageError(f"--task: {exc}") from exc
+    except (RuntimeError, OSError) as exc:
+        logging.getLogger(__name__).debug("replica failed", exc_info=True)
+        raise click.ClickException(str(exc)) from exc
+    if code:
+        click.echo(f"coordinator replica {config.replica}: round driver failed", err=True)
+    return code
 
 
 def _until_done(running: Running, stop: threading.Event, console: Console | None) -> None:

@@ -70,18 +70,6 @@ class KeyValue:
     lease: int
 
 
-def parse_endpoints(text: str) -> list[str]:
-    """``http://a:2379,https://b:2379`` as a list; a ValueError names a bad one."""
-    endpoints = [e.strip() for e in text.split(",") if e.strip()]
-    for url in endpoints:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
-            raise ValueError(f"etcd endpoint {url!r} must be http(s)://HOST:PORT")
-    if not endpoints:
-        raise ValueError("no etcd endpoint given")
-    return endpoints
-
-
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 

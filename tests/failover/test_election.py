@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from skyfed.coordinator.replicas.election import Elector, guard_for
-from skyfed.coordinator.replicas.etcd import Etcd, parse_endpoints
+from skyfed.coordinator.replicas.etcd import Etcd
+from skyfed.coordinator.replicas.settings import parse_endpoints
 from tests.failover.etcd_server import EtcdServer, Relay
 
 TTL_S = 2
