@@ -93,6 +93,7 @@ class Elector:
         self._valid_until = 0.0  # monotonic: the lease is proven alive until then, less guard
         self._won: LeaderKey | None = None
         self._observed: Leader | None = None
+        self._replicas: list[Replica] = []
         self._threads: list[threading.Thread] = []
 
     # ---- what the server reads ------------------------------------------------------------
@@ -116,13 +117,22 @@ class Elector:
                 return Leader(self.replica, self.address, self._won.rev)
             return self._observed
 
+    @property
     def replicas(self) -> list[Replica]:
-        """Every replica with a live lease, by name (an etcd read: may raise EtcdUnavailable)."""
+        """Every replica with a live lease, by name, as read with the last keep-alive that
+        succeeded (a replica cut off from etcd answers at once, with what it last knew)."""
+        with self._cond:
+            return list(self._replicas)
+
+    def _read_replicas(self) -> None:
         found = []
-        for kv in self.etcd.get_prefix(self._registry):
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                found.append(Replica(kv.key[len(self._registry) :].decode(), _address(kv.value)))
-        return sorted(found, key=lambda r: r.name)
+        with contextlib.suppress(EtcdUnavailable, EtcdError):
+            for kv in self.etcd.get_prefix(self._registry):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    name = kv.key[len(self._registry) :].decode()
+                    found.append(Replica(name, _address(kv.value)))
+            with self._cond:
+                self._replicas = sorted(found, key=lambda r: r.name)
 
     def wait_leading(self, stop: threading.Event, poll_s: float = 0.1) -> bool:
         """Block until this replica leads (True) or ``stop`` is set (False)."""
@@ -191,6 +201,7 @@ class Elector:
             target=self._campaign, args=(lease, generation), name="elector-campaign", daemon=True
         )
         campaign.start()
+        self._read_replicas()
         log.info("[Coordinator.Election] replica=%s lease=%x campaigning", self.replica, lease)
         return lease, generation
 
@@ -214,6 +225,7 @@ class Elector:
                     self._let_go("its lease expired at etcd")
                     return
                 self._confirm(sent, ttl)
+            self._read_replicas()
 
     def _confirm(self, sent: float, ttl: int) -> None:
         """A keep-alive (or the grant) sent at ``sent`` succeeded; the caller holds the lock."""

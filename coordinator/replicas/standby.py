@@ -19,7 +19,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.replicas.election import Elector
-from skyfed.coordinator.replicas.etcd import EtcdError, EtcdUnavailable
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.status import ReplicaInfo, ReplicaSet, Status
 from skyfed.coordinator.status_codes import abort
@@ -55,11 +54,7 @@ class Standing:
 
     def replica_set(self) -> ReplicaSet:
         leader = self.elector.leader
-        try:
-            members = [ReplicaInfo(r.name, r.address) for r in self.elector.replicas()]
-        except (EtcdUnavailable, EtcdError) as exc:
-            log.warning("[Coordinator.Replicas] cannot list the replicas: %s", exc)
-            members = []
+        members = [ReplicaInfo(r.name, r.address) for r in self.elector.replicas]
         return ReplicaSet(
             replica=self.elector.replica,
             leading=self.elector.leading,

@@ -61,7 +61,7 @@ def test_exactly_one_of_three_replicas_leads(etcd: EtcdServer):
         for e in group:
             wait_for(lambda e=e: e.leader is not None and e.leader.replica == leader.replica, 5)
             assert e.leader.term == leader.term
-        assert [r.name for r in group[0].replicas()] == ["a", "b", "c"]
+        wait_for(lambda: [r.name for r in group[0].replicas] == ["a", "b", "c"], 5)
 
 
 def test_terms_increase_from_leader_to_leader(etcd: EtcdServer):
