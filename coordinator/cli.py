@@ -282,7 +282,13 @@ show_defaults(serve, CoordinatorConfig)
 
 
 @main.command()
-@click.option("--coordinator", "address", required=True, help="HOST:PORT")
+@click.option(
+    "--coordinator",
+    "address",
+    required=True,
+    help="HOST:PORT; replicas: HOST:PORT,HOST:PORT,... (the first that answers; a standby "
+    "leads to the leader).",
+)
 @click.option("--certs", type=click.Path(path_type=Path), required=True)
 @click.option("--as", "name", default="coordinator", help="Identity in --certs to call as.")
 @click.option("--json", "as_json", is_flag=True)
@@ -298,8 +304,8 @@ def status(
     watch: bool,
     interval_s: float,
 ) -> None:
-    """Who is connected, on which codec, how fast; the last rounds."""
-    from skyfed.coordinator.admin import fetch_snapshot, fetch_status, render_status
+    """Who is connected, on which codec, how fast; the last rounds; the replicas."""
+    from skyfed.coordinator.admin import fetch_leader_status, fetch_snapshot, render_status
 
     if watch:
         stop = threading.Event()
@@ -307,7 +313,7 @@ def status(
         loop = WatchLoop(lambda: fetch_snapshot(address, certs, name), interval_s)
         loop.run(Console(), stop)
         return
-    reply = fetch_status(address, certs, name, windows=windows)
+    reply = fetch_leader_status(address.split(","), certs, name, windows=windows)
     if as_json:
         from skyfed.proto.serde import status_to_json
 

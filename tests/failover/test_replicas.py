@@ -14,9 +14,11 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from click.testing import CliRunner
 
 from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator.admin import fetch_status
+from skyfed.coordinator.cli import main
 from skyfed.coordinator.status import Status
 from skyfed.procs import Children, command
 from skyfed.proto import serde
@@ -130,6 +132,16 @@ def test_exactly_one_replica_leads_and_every_replica_names_it(replicas: Replicas
             return [m.name for m in s.replicas.members] if s and s.replicas else []
 
         wait_for(lambda m=members: m() == list(NAMES), 10, f"{name} to list every replica")
+    # `coordinator status`, given a standby first, shows the replicas and the leader's rounds
+    addresses = ",".join(replicas.address(n) for n in ("b", "a"))
+    args = ["status", "--coordinator", addresses, "--certs", str(replicas.pki.directory)]
+    shown = CliRunner().invoke(main, [*args, "--as", "ops"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "leader a (answered by a)" in text, text
+    for name in NAMES:
+        assert replicas.address(name) in text
+    assert "round" in text
 
 
 def test_a_standby_answers_a_session_with_the_leaders_address(replicas: Replicas):
