@@ -244,17 +244,21 @@ def _echo_table(rows: list[dict[str, object]]) -> None:
 @cli.command("k8s-secret")
 @_dir_option
 @click.argument("name")
+@click.argument("more", nargs=-1)
 @click.option("--namespace", default="skyfed", show_default=True)
 @click.option("--secret-name", help="Secret's name  [default: skyfed-certs-NAME]")
-def k8s_secret(directory: Path, name: str, namespace: str, secret_name: str | None) -> None:
+def k8s_secret(
+    directory: Path, name: str, more: tuple[str, ...], namespace: str, secret_name: str | None
+) -> None:
     """Print NAME's certificates as a Kubernetes Secret (JSON) for `kubectl apply -f -`.
 
-    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key.
+    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key. Several
+    names (coordinator replicas of one StatefulSet) share one Secret: give --secret-name.
     """
     from .kubernetes import secret_manifest
 
     ca = CertificateAuthority.open(directory)
-    manifest = secret_manifest(ca, name, secret_name=secret_name, namespace=namespace)
+    manifest = secret_manifest(ca, name, *more, secret_name=secret_name, namespace=namespace)
     click.echo(json.dumps(manifest, indent=2))
 
 
