@@ -115,6 +115,7 @@ def main() -> None:
         "hello_timeout_s": (float, "End a stream that sends no hello this long."),
         "replica": (str, "This replica's name; with --etcd, elect one leader (failover.md)."),
         "etcd": (str, "etcd endpoints the replicas elect through: http(s)://HOST:PORT,..."),
+        "etcd_ca": (click.Path(path_type=Path), "CA of etcd's server certificate (https)."),
         "advertise": (str, "HOST:PORT agents dial for this replica (default: listen's)."),
         "lease_ttl_s": (int, "The replica's etcd lease TTL: a lost leader is replaced in ~this."),
         "etcd_prefix": (str, "This federation's keys in etcd."),
@@ -246,7 +247,8 @@ def export(checkpoint_dir: Path, out: Path, task: str) -> None:
 def check_paths(config: CoordinatorConfig) -> None:
     """Every file the coordinator reads exists, every file it writes has a directory: a
     wrong path is one line at the start (exit 2), not a traceback after round 0."""
-    for option, path in (("--ca", config.ca), ("--cert", config.cert), ("--key", config.key)):
+    files = [("--ca", config.ca), ("--cert", config.cert), ("--key", config.key)]
+    for option, path in [*files, ("--etcd-ca", config.etcd_ca)]:
         if path is not None and not path.is_file():
             hint = " (check --certs)" if config.certs is not None else ""
             raise click.UsageError(f"{option} {path} does not exist{hint}")

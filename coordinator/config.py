@@ -171,7 +171,12 @@ class CoordinatorConfig:
     etcd: str = ""
     """The etcd cluster the replicas elect their leader through: comma-separated
     ``http(s)://HOST:PORT`` endpoints. Over https a replica shows etcd its own certificate
-    and checks etcd's against ``ca``."""
+    (etcd trusts the federation's ``ca.crt``: ``--client-cert-auth``) and checks etcd's
+    against ``etcd_ca``."""
+    etcd_ca: Path | None = None
+    """The CA etcd's server certificate chains to (https endpoints). Not the federation's
+    CA by default: a certificate from it that a server may show is a coordinator's, and
+    etcd is not one (docs/failover.md)."""
     advertise: str = ""
     """HOST:PORT agents dial to reach this replica, which standbys name to them ("": the
     ``listen`` address with its bound port)."""

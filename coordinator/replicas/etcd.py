@@ -44,7 +44,7 @@ UNREACHABLE = (ConnectionFailedError, ConnectionTimeoutError, requests.RequestEx
 
 @dataclass(frozen=True, slots=True)
 class TlsFiles:
-    """The client certificate a replica shows etcd, and the CA etcd's certificate chains to."""
+    """The CA etcd's certificate chains to, and the client certificate a replica shows it."""
 
     ca: Path
     cert: Path
@@ -95,7 +95,7 @@ class Etcd:
     def _client(self, url: str, timeout: Any) -> Etcd3Client:
         parts = urlsplit(url)
         tls = self._tls if parts.scheme == "https" else None
-        return Etcd3Client(
+        client = Etcd3Client(
             host=parts.hostname or "",
             port=parts.port or 2379,
             protocol=parts.scheme,
@@ -105,6 +105,10 @@ class Etcd:
             timeout=timeout,
             api_path=API_PATH,
         )
+        # requests lets REQUESTS_CA_BUNDLE (and proxy variables) override the session's
+        # own CA: etcd's certificate is checked against etcd_ca, and never via a proxy.
+        client.session.trust_env = False
+        return client
 
     def _post(
         self, path: str, body: dict[str, Any], clients: list[Etcd3Client] | None = None

@@ -78,8 +78,8 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
 
 def connect(config: CoordinatorConfig) -> Etcd:
     """The etcd cluster of ``config``; over https the replica's own certificate."""
-    assert config.ca and config.cert and config.key  # checked by CoordinatorConfig
-    tls = TlsFiles(config.ca, config.cert, config.key)
+    assert config.cert and config.key  # checked by CoordinatorConfig
+    tls = None if config.etcd_ca is None else TlsFiles(config.etcd_ca, config.cert, config.key)
     return Etcd(parse_endpoints(config.etcd), tls=tls, timeout_s=ETCD_TIMEOUT_S)
 
 

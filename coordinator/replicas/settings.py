@@ -45,6 +45,14 @@ def check_replica_options(config: CoordinatorConfig) -> None:
         parse_endpoints(config.etcd)
     except ValueError as exc:
         raise ValueError(f"coordinator option etcd={config.etcd!r}: {exc}") from None
+    https = any(url.startswith("https://") for url in parse_endpoints(config.etcd))
+    require(
+        "coordinator",
+        not https or config.etcd_ca is not None,
+        "etcd_ca",
+        None,
+        "set for https etcd endpoints",
+    )
     ttl = config.lease_ttl_s
     require("coordinator", ttl >= MIN_LEASE_TTL_S, "lease_ttl_s", ttl, f">= {MIN_LEASE_TTL_S}")
     port = config.advertise.rpartition(":")[2]

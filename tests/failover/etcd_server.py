@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from skyfed.procs import terminate
@@ -23,16 +24,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class EtcdServer:
-    """One etcd member, single-node cluster, data in ``directory``."""
+@dataclass(frozen=True)
+class ServerTls:
+    """etcd's own certificate, and the CA whose certificates its clients must show."""
 
-    def __init__(self, directory: Path) -> None:
+    cert: Path
+    key: Path
+    client_ca: Path
+
+
+class EtcdServer:
+    """One etcd member, single-node cluster, data in ``directory``; with ``tls``, its
+    clients speak https and must show a certificate of ``tls.client_ca``."""
+
+    def __init__(self, directory: Path, tls: ServerTls | None = None) -> None:
         binary = shutil.which("etcd")
         if binary is None:  # a missing part fails the test, never skips it
             raise RuntimeError("etcd is not installed: bash .ci/system-packages (etcd-server)")
         self.directory = directory
+        self.tls = tls
         self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         directory.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -46,21 +59,36 @@ class EtcdServer:
             f"--initial-cluster=test={peer}",
             "--log-level=warn",
         ]
+        if tls is not None:
+            argv += [
+                f"--cert-file={tls.cert}",
+                f"--key-file={tls.key}",
+                "--client-cert-auth",
+                f"--trusted-ca-file={tls.client_ca}",
+            ]
         self._log = open(directory / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:
+        """Until the client port accepts connections (with TLS the tests check more)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited {self.proc.returncode}: see {self.directory}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/health", timeout=1) as reply,
-            ):
-                if b'"true"' in reply.read():
+            if self.tls is not None:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", self.client_port), timeout=1),
+                ):
                     return
+            else:
+                with (
+                    contextlib.suppress(OSError),
+                    urllib.request.urlopen(self.url + "/health", timeout=1) as reply,
+                ):
+                    if b'"true"' in reply.read():
+                        return
             time.sleep(0.1)
         raise RuntimeError(f"etcd not healthy within {START_TIMEOUT_S} s")
 

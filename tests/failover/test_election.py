@@ -10,10 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator.replicas.election import Elector, guard_for
-from skyfed.coordinator.replicas.etcd import Etcd
+from skyfed.coordinator.replicas.etcd import Etcd, EtcdUnavailable, TlsFiles
 from skyfed.coordinator.replicas.settings import parse_endpoints
-from tests.failover.etcd_server import EtcdServer, Relay
+from tests.failover.etcd_server import EtcdServer, Relay, ServerTls
 
 TTL_S = 2
 
@@ -133,3 +134,37 @@ def test_endpoints_are_checked():
     for bad in ("", "a:2379", "http://a", "ftp://a:1"):
         with pytest.raises(ValueError, match="etcd endpoint|no etcd endpoint"):
             parse_endpoints(bad)
+
+
+def test_replicas_reach_etcd_over_mutual_tls(tmp_path, pki):
+    """etcd with its own CA's certificate, trusting only the federation's: a replica shows
+    its own coordinator certificate; a client without one, or with another CA's, is
+    refused."""
+    etcd_ca = CertificateAuthority.init(tmp_path / "etcd-ca", "etcd.local")
+    own = etcd_ca.issue_coordinator("etcd", hosts=("127.0.0.1", "localhost"))
+    replica = pki.issue_coordinator("coordinator-a", hosts=("127.0.0.1",))
+    # etcd's HTTP gateway dials etcd itself with etcd's own certificate: its CA is
+    # trusted beside the federation's (docs/failover.md, "etcd over TLS").
+    trusted = tmp_path / "etcd-clients.pem"
+    trusted.write_bytes(pki.ca_cert_path.read_bytes() + etcd_ca.ca_cert_path.read_bytes())
+    tls = ServerTls(own.cert_path, own.key_path, client_ca=trusted)
+    server = EtcdServer(tmp_path / "etcd", tls=tls)
+    try:
+        mine = TlsFiles(etcd_ca.ca_cert_path, replica.cert_path, replica.key_path)
+        elector = Elector(
+            Etcd([server.url], tls=mine), prefix="t", replica="a", address="a:1", ttl_s=TTL_S
+        ).start()
+        try:
+            wait_for(lambda: elector.leading, 10)
+        finally:
+            elector.close()
+        other_ca = CertificateAuthority.init(tmp_path / "other-ca", "other.local")
+        stranger = other_ca.issue_agent("x", "stranger")  # a certificate etcd does not trust
+        for tls_files in (
+            TlsFiles(etcd_ca.ca_cert_path, stranger.cert_path, stranger.key_path),
+            TlsFiles(pki.ca_cert_path, replica.cert_path, replica.key_path),  # etcd unverified
+        ):
+            with pytest.raises(EtcdUnavailable):
+                Etcd([server.url], tls=tls_files).grant(TTL_S)
+    finally:
+        server.stop()
