@@ -134,7 +134,7 @@ class Elector:
             with self._cond:
                 self._replicas = sorted(found, key=lambda r: r.name)
 
-    def wait_leading(self, stop: threading.Event, poll_s: float = 0.1) -> bool:
+    def wait_leading(self, stop: threading.Event, poll_s: float = 0.2) -> bool:
         """Block until this replica leads (True) or ``stop`` is set (False)."""
         while not stop.is_set():
             with self._cond:
@@ -158,8 +158,8 @@ class Elector:
 
     def close(self) -> None:
         """Resign if leading, end the lease (its keys go with it), stop every thread."""
-        self._closed.set()
         with self._cond:
+            self._closed.set()
             won, lease = self._won, self._lease
             self._won, self._lease = None, None
             self._generation += 1
@@ -226,20 +226,25 @@ class Elector:
                     return
                 self._confirm(sent, ttl)
             self._read_replicas()
+            self._read_leader()
 
     def _confirm(self, sent: float, ttl: int) -> None:
         """A keep-alive (or the grant) sent at ``sent`` succeeded; the caller holds the lock."""
         self._valid_until = max(self._valid_until, sent + min(ttl, self.ttl_s) - self.guard_s)
 
     def _watch(self) -> None:
-        """Depose this replica the moment its lease is no longer proven alive."""
+        """Depose this replica the moment its lease is no longer proven alive. It sleeps
+        until the deadline (or, while it does not lead, until it is elected)."""
         with self._cond:
             while not self._closed.is_set():
-                if self._won is not None and time.monotonic() >= self._valid_until:
+                if self._won is None:
+                    self._cond.wait()
+                    continue
+                left = self._valid_until - time.monotonic()
+                if left <= 0:
                     self._let_go("its lease could not be refreshed in time")
                     continue
-                timeout = 0.05 if self._won is None else self._valid_until - time.monotonic()
-                self._cond.wait(max(0.0, min(timeout, 0.5)))
+                self._cond.wait(left)
 
     def _let_go(self, why: str) -> None:
         """Leave the lease behind (and leadership, if held); the caller holds the lock. The
@@ -304,6 +309,16 @@ class Elector:
                 if not self._closed.is_set():
                     log.debug("[Coordinator.Election] observe: %s", exc)
             self._closed.wait(RETRY_S)
+
+    def _read_leader(self) -> None:
+        """Who leads, read outright: Observe may hang on a connection that a partition
+        silently dropped, so each keep-alive that succeeds also asks."""
+        try:
+            kv = self.etcd.leader(self._election)
+        except (EtcdUnavailable, EtcdError):
+            return
+        if kv is not None:
+            self._observed_leader(kv)
 
     def _observed_leader(self, kv: KeyValue) -> None:
         try:
