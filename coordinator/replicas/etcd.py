@@ -223,8 +223,15 @@ class Etcd:
 def _observed(
     response: requests.Response, client: Etcd3Client, stop: threading.Event
 ) -> Iterator[KeyValue]:
-    closer = threading.Thread(target=lambda: (stop.wait(), response.close()), daemon=True)
-    closer.start()
+    ended = threading.Event()
+
+    def close_on_stop() -> None:  # unblocks the read below; ends with the stream
+        while not ended.is_set():
+            if stop.wait(0.5):
+                response.close()
+                return
+
+    threading.Thread(target=close_on_stop, daemon=True).start()
     try:
         for line in response.iter_lines():
             if stop.is_set():
@@ -241,6 +248,7 @@ def _observed(
         if not stop.is_set():
             raise EtcdUnavailable(f"etcd observe ended: {exc!r}") from exc
     finally:
+        ended.set()
         response.close()
         client.session.close()
 
