@@ -22,7 +22,7 @@ from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.revocation import RevocationWatch
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.service import serve_federation
+from skyfed.coordinator.service import Leadership, serve_federation
 from skyfed.fingerprint import model_spec
 from skyfed.metrics.coordinator import CoordinatorCollector
 from skyfed.metrics.http import MetricsServer
@@ -61,8 +61,12 @@ def build_federation(config: CoordinatorConfig) -> Federation:
 
 
 @contextlib.contextmanager
-def run_server(config: CoordinatorConfig) -> Iterator[Running]:
-    """Serve until the block exits; binds ``config.listen`` (port 0 picks one)."""
+def run_server(
+    config: CoordinatorConfig, leadership: Leadership | None = None
+) -> Iterator[Running]:
+    """Serve until the block exits; binds ``config.listen`` (port 0 picks one). A replica
+    passes its ``leadership``: sessions are admitted only while it leads
+    (``coordinator/replicas/serve.py``)."""
     federation = build_federation(config)
     # What can refuse to start (a missing extra, a taken metrics port) does so before the
     # federation's port opens; /readyz answers 503 until the driver runs.
@@ -90,7 +94,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     )
     auth = PeerAuthenticator(config.crl, config.ca)
     limits = StreamLimits(config.max_streams_per_identity, config.hello_timeout_s)
-    serve_federation(server, federation, auth, limits)
+    serve_federation(server, federation, auth, limits, leadership)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)

@@ -76,6 +76,33 @@ class AgentStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """A coordinator replica holding a live etcd lease (docs/failover.md)."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSet:
+    """The coordinator replicas as the one that answered sees them (docs/failover.md)."""
+
+    replica: str
+    """The replica that answered."""
+    leading: bool
+    """It leads now."""
+    term: int = 0
+    """The leader's term: its etcd key's create revision, growing with every new leader
+    (0: no leader known)."""
+    leader: str = ""
+    """The leader's replica name ("": none known)."""
+    leader_address: str = ""
+    """HOST:PORT agents dial for the leader."""
+    members: list[ReplicaInfo] = field(default_factory=list)
+    """Every replica holding a live etcd lease, by name."""
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """What ``Status`` answers and the status file holds (``StatusReply`` on the wire)."""
 
@@ -101,6 +128,8 @@ class Status:
     eval_loss: float = 0.0
     """Its loss: the task's ``eval_loss`` on the canonical weights (0 while ``eval_round``
     is -1)."""
+    replicas: ReplicaSet | None = None
+    """The coordinator replicas (docs/failover.md); None: one coordinator, no election."""
 
 
 def build_status(fed: Federation, windows: bool = False, departed: bool = False) -> Status:
