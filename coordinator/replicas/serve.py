@@ -90,7 +90,7 @@ def _lead(running: Running, elector: Elector, stop: threading.Event) -> Outcome:
     log.info("[Coordinator.Replica] leading replica=%s term=%s", elector.replica, term)
     while not stop.wait(POLL_S):
         if not elector.leading:
-            for session in list(fed.sessions.values()):
+            for session in list(fed.admission.sessions.values()):
                 session.close(grpc.StatusCode.UNAVAILABLE, "the coordinator replica was deposed")
             log.warning("[Coordinator.Replica] deposed: term %s ended", term)
             return "deposed"
@@ -118,7 +118,7 @@ def _finished(etcd: Etcd, config: CoordinatorConfig) -> bool:
 def _mark_finished(etcd: Etcd, config: CoordinatorConfig, running: Running) -> None:
     """Tell the standbys the run is over, so none starts it again when this one resigns."""
     with running.federation.cond:
-        last = running.federation.round - 1
+        last = running.federation.model.round - 1
     value = json.dumps({"round": last, "replica": config.replica}).encode()
     with contextlib.suppress(EtcdUnavailable, EtcdError):
         etcd.put(_finished_key(config), value)
