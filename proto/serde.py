@@ -38,6 +38,7 @@ from skyfed.wire import (
     WeightsEnd,
     Welcome,
     check_agent_message,
+    check_coordinator_message,
 )
 
 
@@ -176,7 +177,13 @@ def coordinator_message_to_proto(m: CoordinatorMessage) -> pb.CoordinatorMessage
 
 
 def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessage | None:
-    """Our message, or None for an empty or unknown body (a newer coordinator's)."""
+    """Our message, its strings checked (``skyfed.wire.check_coordinator_message``), or
+    None for an empty or unknown body (a newer coordinator's)."""
+    message = _coordinator_message_from_proto(m)
+    return None if message is None else check_coordinator_message(message)
+
+
+def _coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessage | None:
     kind = m.WhichOneof("body")
     if kind == "chunk":
         return chunk_from_proto(m.chunk)
