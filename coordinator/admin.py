@@ -148,11 +148,18 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
     return table
 
 
+PIPED_WIDTH = 1000
+"""Columns of ``coordinator status`` into a pipe or a file: every row whole (a table is
+as wide as its cells, not this), where a terminal's width would cut them."""
+
+
 def render_status(reply: Status) -> None:
     from skyfed.coordinator.progress import headline  # the live view's first line
 
     snap = to_data(reply)
     console = Console()
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
     console.print(headline(snap), agents_table(snap))
     links = efficiency_table(reply)
     if links is not None:

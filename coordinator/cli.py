@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import grpc
 import torch
 from rich.console import Console
 
@@ -282,10 +283,29 @@ def status(
         loop = WatchLoop(lambda: fetch_snapshot(address, certs, name), interval_s)
         loop.run(Console(), stop)
         return
-    reply = fetch_status(address, certs, name, windows=windows)
+    try:
+        reply = fetch_status(address, certs, name, windows=windows)
+    except OSError as exc:  # a key pair that is not there: the flags are wrong
+        raise click.UsageError(
+            f"--certs {certs} --as {name}: {exc.strerror}: {exc.filename}"
+        ) from None
+    except grpc.RpcError as exc:
+        raise click.ClickException(status_failure(address, name, exc)) from None
     if as_json:
         from skyfed.proto.serde import status_to_json
 
         click.echo(status_to_json(reply))
     else:
         render_status(reply)
+
+
+def status_failure(address: str, name: str, exc: grpc.RpcError) -> str:
+    """One line for a failed ``Status`` call, saying what to check."""
+    code, details = exc.code(), (exc.details() or "").splitlines()
+    hint = {
+        grpc.StatusCode.UNAVAILABLE: "is the coordinator running there, and is it its address?",
+        grpc.StatusCode.DEADLINE_EXCEEDED: "is the coordinator running there?",
+        grpc.StatusCode.UNAUTHENTICATED: f"is --as {name} a certificate of this federation?",
+    }.get(code, "")
+    said = details[0] if details else ""
+    return f"status from {address}: {code.name}: {said}" + (f" ({hint})" if hint else "")
