@@ -171,6 +171,13 @@ def serve(
     if failure is not None:  # a supervisor restarts it from the last checkpoint
         click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
         raise SystemExit(1)
+    if config.export is not None and running.federation.round == 0:
+        click.echo(
+            f"coordinator: stopped before any round was applied: no trained model, "
+            f"nothing written to {config.export}",
+            err=True,
+        )
+        raise SystemExit(1)
     _goodbye(config, running.observer.snapshot(), time.monotonic() - started, console)
 
 

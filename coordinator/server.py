@@ -181,6 +181,9 @@ def _export(config: CoordinatorConfig, federation: Federation) -> None:
         return
     with federation.cond:
         round_, weights = federation.round - 1, [w.clone() for w in federation.weights]
+    if round_ < 0:  # the initial weights are no trained model (coordinator/cli.py says so)
+        log.warning("[Coordinator.Export] out=%s skipped: no round was applied", config.export)
+        return
     meta = export_weights(weights, config.export, task=config.task, round_=round_, seed=config.seed)
     log.info(
         "[Coordinator.Export] out=%s round=%d digest=%s",
