@@ -6,30 +6,19 @@ import base64
 from typing import Any
 
 from .authority import CertificateAuthority
+from .bundle import identity_files
 
 SECRET_PREFIX = "skyfed-certs-"
-CA_KEY = "ca.key"
 
 
 def secret_manifest(
     ca: CertificateAuthority, name: str, *, secret_name: str | None = None, namespace: str
 ) -> dict[str, Any]:
-    """A ``v1/Secret`` holding what ``name`` needs mounted as its ``--certs`` directory.
-
-    An agent gets ``ca.crt`` and its own ``<name>.crt``/``.key``; the coordinator also
-    ``crl.pem``, which it re-reads when ``certs revoke`` and a re-applied Secret change
-    it. ``ca.key`` signs every identity of the federation, so it stays where ``certs init``
-    put it (docs/deployment.md).
+    """A ``v1/Secret`` holding what ``name`` needs mounted as its ``--certs`` directory
+    (``certs/bundle.py``): the coordinator re-reads its ``crl.pem`` when ``certs revoke``
+    and a re-applied Secret change it (docs/deployment.md).
     """
-    issued = ca.get(name)
-    files = {
-        "ca.crt": ca.ca_cert_path,
-        issued.cert_path.name: issued.cert_path,
-        issued.key_path.name: issued.key_path,
-    }
-    if issued.identity.role == "coordinator":
-        files["crl.pem"] = ca.crl_path
-    assert CA_KEY not in files  # the invariant this module exists for
+    files = identity_files(ca, name)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
