@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from skyfed.coordinator.snapshot import to_data
+from skyfed.coordinator.snapshot import run_wall_s, to_data
 from skyfed.coordinator.status import Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
@@ -109,9 +109,11 @@ def efficiency_table(reply: Status) -> Table | None:
     return table
 
 
-def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summary") -> Table:
-    """The end-of-run figures: time split, bytes saved, training and held-out loss."""
+def summary_table(snap: Snapshot, title: str = "skyfed run summary") -> Table:
+    """The end-of-run figures: time split, bytes saved, training and held-out loss; its
+    wall time is the run report's (:func:`~skyfed.coordinator.snapshot.run_wall_s`)."""
     rounds = list(snap["rounds"])
+    wall_s = run_wall_s(rounds)
     n = max(1, len(rounds))
     round_s = sum(r["duration_s"] for r in rounds) / n
     train_s = sum(r["train_s"] for r in rounds) / n

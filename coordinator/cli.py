@@ -6,7 +6,6 @@ import contextlib
 import logging
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,7 +156,6 @@ def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     console = Console(stderr=True)
-    started = time.monotonic()
     stack = contextlib.ExitStack()
     running = start(stack, config)
     with stack:
@@ -178,7 +176,7 @@ def serve(
             err=True,
         )
         raise SystemExit(1)
-    _goodbye(config, running.observer.snapshot(), time.monotonic() - started, console)
+    _goodbye(config, running.observer.snapshot(), console)
 
 
 def _until_done(running: Running, stop: threading.Event, console: Console | None) -> None:
@@ -193,8 +191,8 @@ def _until_done(running: Running, stop: threading.Event, console: Console | None
             view.close()
 
 
-def _goodbye(config: CoordinatorConfig, snap: dict, wall_s: float, console: Console) -> None:
-    console.print(summary_table(snap, wall_s, title="skyfed run summary"))
+def _goodbye(config: CoordinatorConfig, snap: dict, console: Console) -> None:
+    console.print(summary_table(snap, title="skyfed run summary"))
     if config.run_dir is not None:
         click.echo(f"run directory: {config.run_dir} (skyfed report {config.run_dir})", err=True)
     if config.export is not None:
