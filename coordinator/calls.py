@@ -8,7 +8,7 @@ certificate hold every slot with calls that never send their first message (unjo
 guards every method of the server, the health service's included: it identifies the
 caller at once, counts the call against the identity's share, waits for the first message
 no longer than a deadline, and keeps the call where the revocation watch finds it
-(docs/security.md, "Call limits").
+(docs/security.md, "Call and stream limits").
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def main() -> None:
         "max_samples": (int, "Most weight (samples) one contribution counts with."),
         "clip_norm_ratio": (float, "Clip update norms to this x the recent median (0: off)."),
         "max_streams_per_identity": (int, "Open streams one certificate identity may hold."),
-        "hello_timeout_s": (float, "End a stream that sends no hello this long."),
+        "hello_timeout_s": (float, "End a call whose first message (a hello) is this late."),
     },
 )
 @click.option(

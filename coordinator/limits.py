@@ -4,7 +4,8 @@ streams among them, and a hello due soon on each session.
 Without these, 254 streams of one certificate that never say hello filled the server's
 RPC limit and locked every other agent (and ``Status``) out; so did 256 ``Stripe`` calls
 that never joined. Every call is counted here from the moment it opens, before its first
-message (``coordinator/calls.py`` does the counting). See docs/security.md, "Call limits".
+message (``coordinator/calls.py`` does the counting). See docs/security.md, "Call and
+stream limits".
 """
 
 from __future__ import annotations
