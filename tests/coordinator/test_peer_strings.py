@@ -9,13 +9,11 @@ import logging
 import grpc
 import pytest
 
-from skyfed.compression import frame
 from skyfed.errors import ProtocolError
-from skyfed.fingerprint import weights_digest
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
-from skyfed.proto.serde import specs_to_proto
-from tests.coordinator.test_bad_input import contribution, deltas, join, model_and_spec
+from tests.coordinator import test_bad_input as bad_input
+from tests.coordinator.test_bad_input import contribution, deltas, join
 
 FORGED = "x\n[Coordinator.Round] round=999"
 """What a forged log line looks like: a newline, then a line of our own format."""
@@ -24,19 +22,7 @@ CONTROLS = [FORGED, "fp\x1b[31m32", "a\tb", "bbr\r", "x\u202ey", "x\x00y"]
 
 def hello(**changes: object) -> pb.Hello:
     """aws-1's hello, every field right, then ``changes``."""
-    weights, spec = model_and_spec()
-    message = pb.Hello(
-        frame_version=frame.VERSION,
-        cloud="aws",
-        name="aws-1",
-        task="chargpt",
-        tensors=specs_to_proto(spec),
-        codecs=["fp32"],
-        last_round=-1,
-        weights_digest=weights_digest(weights),
-        exchanges=["delta"],
-        congestion_control="bbr",
-    )
+    message = bad_input.hello("aws", "aws-1", exchanges=("delta",), congestion_control="bbr")
     for field, value in changes.items():
         if field.startswith("tensors."):
             setattr(message.tensors[0], field.removeprefix("tensors."), value)

@@ -230,10 +230,7 @@ def test_report_page_shows_every_plot_in_chromium(run, tmp_path):
     browser = Browser(tmp_path / "profile")
     try:
         browser.open(page.as_uri())
-        images = browser.wait_for(
-            "document.readyState === 'complete' && [...document.images].every(i => i.complete)"
-            " && [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth])"
-        )
+        images = browser.images()
         browser.screenshot(tmp_path / "report.png")
     finally:
         browser.close()

@@ -32,10 +32,7 @@ def test_the_report_says_what_was_run_and_shows_every_figure(pki, tmp_path):
     browser = Browser(tmp_path / "profile")
     try:
         browser.open(page.as_uri())
-        images = browser.wait_for(
-            "document.readyState === 'complete' && [...document.images].every(i => i.complete)"
-            " && [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth])"
-        )
+        images = browser.images()
         run, totals = table(browser, "run"), table(browser, "totals")
         options = browser.evaluate("document.querySelector('#configuration').textContent")
         browser.screenshot(tmp_path / "report.png")
