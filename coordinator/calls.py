@@ -31,8 +31,6 @@ from skyfed.logs import Throttle
 
 log = logging.getLogger(__name__)
 
-Behavior = Callable[..., Any]
-
 
 @dataclass(eq=False)
 class Call:
@@ -48,7 +46,7 @@ class Call:
     revoked: str = ""
     """Why its certificate's revocation ended it ("" while it has not)."""
     _outcome: str = "waiting"
-    """waiting, arrived, ended (the caller ended it first) or serving (past the wait)."""
+    """waiting, arrived, ended (the caller ended it first), then serving (past the wait)."""
     _on_revoke: Callable[[str], None] | None = None
     _wake: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -82,18 +80,30 @@ class Call:
         else:
             self.context.cancel()
 
-    def _settle(self, outcome: str) -> None:
-        """The first-message reader's news (once): the message, or the call's end."""
+    def wait_first(self, requests: Iterator[Any], timeout_s: float) -> str:
+        """Read the first message (into :attr:`first`) on a thread of its own, waiting at
+        most ``timeout_s``: ``arrived``, ``ended`` (the caller ended the call first) or
+        ``late``. A revocation meanwhile ends the wait at once (:attr:`revoked` says so).
+        Once the call is aborted, gRPC ends the thread's read."""
+        reader = threading.Thread(
+            target=self._read_first, args=(requests,), name="first-message", daemon=True
+        )
+        reader.start()
+        self._wake.wait(timeout_s)
+        with self._lock:
+            outcome, self._outcome = self._outcome, "serving"
+        return "late" if outcome == "waiting" else outcome
+
+    def _read_first(self, requests: Iterator[Any]) -> None:
+        try:
+            self.first = next(requests)
+            outcome = "arrived"
+        except (StopIteration, grpc.RpcError):  # half-closed, cancelled, or aborted under us
+            outcome = "ended"
         with self._lock:
             if self._outcome == "waiting":
                 self._outcome = outcome
         self._wake.set()
-
-    def _serve(self) -> str:
-        """End the wait: what it came to (waiting: nothing came in time)."""
-        with self._lock:
-            outcome, self._outcome = self._outcome, "serving"
-        return outcome
 
 
 class CallGuard(grpc.ServerInterceptor):
@@ -161,19 +171,14 @@ class CallGuard(grpc.ServerInterceptor):
         """Wait for the call's first message (into ``call.first``), at most
         ``first_message_s``; abort the call if it does not come, if the caller ends the
         call first, or if its certificate is revoked meanwhile."""
-        reader = threading.Thread(
-            target=_read_first, args=(call, requests), name="first-message", daemon=True
-        )
-        reader.start()
-        call._wake.wait(self.first_message_s)
-        outcome = call._serve()
+        outcome = call.wait_first(requests, self.first_message_s)
         if call.revoked:
             call.context.abort(grpc.StatusCode.UNAUTHENTICATED, call.revoked)
         if outcome == "ended":
             call.context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the call ended before its first message"
             )
-        if outcome == "waiting":
+        if outcome == "late":
             log.warning(
                 "[Coordinator.Calls] agent=%s method=%s peer=%s sent nothing within %.1f s",
                 call.identity.uri,
@@ -186,16 +191,6 @@ class CallGuard(grpc.ServerInterceptor):
                 f"no first message within hello_timeout_s={self.first_message_s} s of "
                 "opening the call",
             )
-
-
-def _read_first(call: Call, requests: Iterator[Any]) -> None:
-    """The first message, read on a thread of its own so that waiting for it has a
-    deadline; once the call is aborted, gRPC ends this read."""
-    try:
-        call.first = next(requests)
-        call._settle("arrived")
-    except (StopIteration, grpc.RpcError):  # half-closed, cancelled, or aborted under us
-        call._settle("ended")
 
 
 def _guarded(
