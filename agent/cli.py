@@ -26,7 +26,9 @@ def main() -> None:
 )
 @click.option("--cloud", help="This site's cloud (aws, gcp, azure, ...).")
 @click.option("--name", help="Agent name (default <cloud>-1).")
-@click.option("--coordinator", help="Coordinator HOST:PORT.")
+@click.option(
+    "--coordinator", help="Coordinator HOST:PORT; replicas: HOST:PORT,HOST:PORT,... (failover.md)."
+)
 @click.option(
     "--certs", type=click.Path(path_type=Path), help="certs directory (ca.crt, <name>.crt/.key)."
 )
@@ -92,7 +94,7 @@ def start(
     from skyfed.agent.launch import PROGRESS_ENV, exit_on_sigterm, run
     from skyfed.netinfo import log_congestion_control, target_host
 
-    log_congestion_control(target_host(config.coordinator), "agent")
+    log_congestion_control(target_host(config.coordinators[0]), "agent")
 
     progress = not no_progress and log_format != "json"
     os.environ[PROGRESS_ENV] = "1" if progress else "0"

@@ -219,14 +219,14 @@ def _trainer(
         local_steps=config.local_steps,
         mesh=mesh,
         device=device,
-        data_seed=data_seed(config),
+        data_seed=data_seed(config.seed, config.name, config.num_shards),
     )
 
 
-def data_seed(config: AgentConfig) -> int | None:
+def data_seed(seed: int, name: str, num_shards: int) -> int | None:
     """With one shard (the default) each site draws its own windows of the whole data,
     seeded by ``seed`` and its name: sites started from the same recipe no longer train
     on identical batches. With ``num_shards > 1`` the shards keep them apart."""
-    if config.num_shards > 1:
+    if num_shards > 1:
         return None
-    return config.seed * 1000 + zlib.crc32(config.name.encode()) % 1_000_000 + 1
+    return seed * 1000 + zlib.crc32(name.encode()) % 1_000_000 + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 from .authority import CertificateAuthority
@@ -12,13 +13,26 @@ SECRET_PREFIX = "skyfed-certs-"
 
 
 def secret_manifest(
-    ca: CertificateAuthority, name: str, *, secret_name: str | None = None, namespace: str
+    ca: CertificateAuthority,
+    name: str,
+    *more: str,
+    secret_name: str | None = None,
+    namespace: str,
 ) -> dict[str, Any]:
     """A ``v1/Secret`` holding what ``name`` needs mounted as its ``--certs`` directory
-    (``certs/bundle.py``): the coordinator re-reads its ``crl.pem`` when ``certs revoke``
-    and a re-applied Secret change it (docs/deployment.md).
+    (``certs/bundle.py``: never ``ca.key``); the coordinator re-reads its ``crl.pem`` when
+    ``certs revoke`` and a re-applied Secret change it (docs/deployment.md). ``more``
+    names: one Secret for the pods of one StatefulSet, each of which reads its own files
+    (the coordinator's replicas, docs/failover.md); it needs ``secret_name``.
     """
-    files = identity_files(ca, name)
+    if more and secret_name is None:
+        raise ValueError("a Secret of several identities needs --secret-name")
+    files: dict[str, Path] = {}
+    for each in (name, *more):
+        files |= identity_files(ca, each)
+    labels = {"app.kubernetes.io/part-of": "skyfed"}
+    if not more:
+        labels["skyfed.io/identity"] = name
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -26,10 +40,7 @@ def secret_manifest(
         "metadata": {
             "name": secret_name or SECRET_PREFIX + name,
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/part-of": "skyfed",
-                "skyfed.io/identity": name,
-            },
+            "labels": labels,
         },
         "data": {key: base64.b64encode(path.read_bytes()).decode() for key, path in files.items()},
     }

@@ -5,13 +5,13 @@ no copy) and calls the task's ``eval_loss``, then hands them back (``release``).
 close waits for that before it changes them in place (``Federation.weights_read``), so an
 evaluation reads one round's weights whole, and the coordinator spends no model-sized copy
 on it: 400 MB of new memory at 100M parameters, and as much again for the next round's
-uplinks, whose pooled memory the copy had to let go (docs/scale.md, Measured, large6).
+uplinks, whose pooled memory the copy had to let go (docs/scale.md, The held-out evaluation).
 The price: a task whose ``eval_loss`` outlasts the time to the next close holds that close
 up by the difference (logged, ``close_waited_ms``). A later due round is evaluated once
 the worker is free.
 
 The model's parameters hold no memory of their own: the weights lent become them for the
-evaluation, and they are emptied after it (docs/scale.md, large5). Its buffers (a norm's
+evaluation, and they are emptied after it (docs/scale.md, Memory). Its buffers (a norm's
 running statistics: not federated) stay as the model was built. ``eval_loss`` must not
 change the parameters: one that does (in place, through torch) is logged as an error.
 """
@@ -102,9 +102,22 @@ class Evaluator:
     def _run(
         self, round_: int, weights: list[torch.Tensor], release: Callable[[], None] | None
     ) -> None:
+        result = self.evaluate(round_, weights, release)
+        with self._lock:
+            self._busy = False
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def evaluate(
+        self, round_: int, weights: list[torch.Tensor], release: Callable[[], None] | None = None
+    ) -> EvalResult:
+        """Evaluate ``weights`` of ``round_`` on this thread, reading them in place (the
+        worker's call; the in-process simulation's, which has no round to hold up)."""
         started = time.monotonic()
         versions = [w._version for w in weights]  # torch's count of in-place changes
         try:
+            if self._model is None:
+                raise RuntimeError("the task has no eval_loss")
             with torch.no_grad():
                 params = zip(self._model.parameters(), self._shapes, weights, strict=True)
                 for p, shape, w in params:
@@ -130,9 +143,7 @@ class Evaluator:
         with self._lock:
             self.latest = result
             self.results.append(result)
-            self._busy = False
         log.info(
             "[Coordinator.Eval] round=%d eval_loss=%.4f seconds=%.2f", round_, loss, result.seconds
         )
-        if self._on_result is not None:
-            self._on_result(result)
+        return result

@@ -23,7 +23,7 @@ from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.revocation import RevocationWatch
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.service import serve_federation
+from skyfed.coordinator.service import Leadership, serve_federation
 from skyfed.fingerprint import model_spec
 from skyfed.metrics.coordinator import CoordinatorCollector
 from skyfed.metrics.http import MetricsServer
@@ -62,8 +62,12 @@ def build_federation(config: CoordinatorConfig) -> Federation:
 
 
 @contextlib.contextmanager
-def run_server(config: CoordinatorConfig) -> Iterator[Running]:
-    """Serve until the block exits; binds ``config.listen`` (port 0 picks one)."""
+def run_server(
+    config: CoordinatorConfig, leadership: Leadership | None = None
+) -> Iterator[Running]:
+    """Serve until the block exits; binds ``config.listen`` (port 0 picks one). A replica
+    passes its ``leadership``: sessions are admitted only while it leads
+    (``coordinator/replicas/serve.py``)."""
     federation = build_federation(config)
     # What can refuse to start (a missing extra, a taken metrics port) does so before the
     # federation's port opens; /readyz answers 503 until the driver runs.
@@ -96,7 +100,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         maximum_concurrent_rpcs=MAX_SESSIONS,
         interceptors=[calls],  # every call, the health service's too
     )
-    serve_federation(server, federation, auth, calls)
+    serve_federation(server, federation, auth, calls, leadership)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)
@@ -125,8 +129,8 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         federation.stop()
         driver.join(timeout=10)
         _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-        federation.close_checkpoints()
-        for session in list(federation.sessions.values()):
+        federation.rounds.close_checkpoints()
+        for session in list(federation.admission.sessions.values()):
             session.close()  # ends each stream's generator, so stop() does not wait on it
         server.stop(grace=2).wait(timeout=10)
         if watch is not None:
@@ -180,7 +184,8 @@ def _export(config: CoordinatorConfig, federation: Federation) -> None:
     if config.export is None:
         return
     with federation.cond:
-        round_, weights = federation.round - 1, [w.clone() for w in federation.weights]
+        model = federation.model
+        round_, weights = model.round - 1, [w.clone() for w in model.weights]
     if round_ < 0:  # the initial weights are no trained model (coordinator/cli.py says so)
         log.warning("[Coordinator.Export] out=%s skipped: no round was applied", config.export)
         return

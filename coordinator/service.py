@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 
@@ -14,7 +16,8 @@ from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.limits import hello_due, stripes_allowed
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
-from skyfed.coordinator.status_codes import status_code
+from skyfed.coordinator.status import ReplicaSet
+from skyfed.coordinator.status_codes import abort, status_code
 from skyfed.errors import FederationError, ProtocolError, TooManyStreamsError
 from skyfed.logs import Throttle
 from skyfed.netinfo import log_congestion_control, peer_host
@@ -32,20 +35,39 @@ REFUSAL_LOG_INTERVAL_S = 5.0
 """At most one refusal line per identity this often: garbage in a loop costs no log space."""
 
 
+class Leadership(Protocol):
+    """A coordinator replica's standing (``coordinator/replicas``): the servicer admits
+    sessions only while it leads."""
+
+    def check(self) -> None:
+        """Raise ``NotLeaderError`` (naming the leader) unless this replica leads now."""
+
+    def replica_set(self) -> ReplicaSet:
+        """The replicas as this one sees them, for Status."""
+
+
 class FederationServicer(pb_grpc.FederationServicer):
     def __init__(
         self,
         federation: Federation,
         authenticator: PeerAuthenticator,
         calls: CallGuard,
+        leadership: Leadership | None = None,
     ) -> None:
         self.federation = federation
         self.auth = authenticator
         self.calls = calls
+        self.leadership = leadership
+        """None: a single coordinator, which always leads."""
         self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
 
     def Session(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
         call = self.calls.of(context)  # identified and counted since it opened
+        if self.leadership is not None:
+            try:
+                self.leadership.check()
+            except FederationError as exc:
+                abort(context, exc)
         session = Session(call.identity, context.peer())
         hello_due(session, self.calls.first_message_s)
         call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
@@ -77,6 +99,8 @@ class FederationServicer(pb_grpc.FederationServicer):
         call = self.calls.of(context)
         identity = call.identity
         try:
+            if self.leadership is not None:
+                self.leadership.check()
             data = next(request_iterator, None)
             first = None if data is None else serde.parse(pb.AgentMessage, data)
             if first is None or first.WhichOneof("body") != "stripe_join":
@@ -92,7 +116,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 session.stripes += 1
         except FederationError as exc:
             log.warning("[Federation.Stripe] refused peer=%s: %s", context.peer(), exc)
-            context.abort(status_code(exc), str(exc))
+            abort(context, exc)
         lane = session.outbox.stripe()
         log.info(
             "[Federation.Stripe] agent=%s peer=%s lane=%d", identity.uri, context.peer(), lane.index
@@ -209,7 +233,10 @@ class FederationServicer(pb_grpc.FederationServicer):
             parsed = serde.parse(pb.StatusRequest, request)
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
-        return serde.status_to_proto(self.federation.status(windows=parsed.windows))
+        status = self.federation.status(windows=parsed.windows)
+        if self.leadership is not None:
+            status = dataclasses.replace(status, replicas=self.leadership.replica_set())
+        return serde.status_to_proto(status)
 
 
 def serve_federation(
@@ -217,15 +244,17 @@ def serve_federation(
     federation: Federation,
     authenticator: PeerAuthenticator,
     calls: CallGuard,
+    leadership: Leadership | None = None,
 ) -> None:
     """Add the ``Federation`` service for ``federation`` to ``server``, whose interceptor
-    ``calls`` identifies and counts every call before a servicer sees it.
+    ``calls`` identifies and counts every call before a servicer sees it (a replica's
+    ``leadership`` admits sessions only while it leads).
 
     Requests reach the servicer as raw bytes (no deserializer): ``proto/serde.py`` parses
     them, so an unparseable message is INVALID_ARGUMENT with one log line, not gRPC's
     INTERNAL with a traceback per message.
     """
-    servicer = FederationServicer(federation, authenticator, calls)
+    servicer = FederationServicer(federation, authenticator, calls, leadership)
     handlers = {
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session,

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError, Message
 
 from skyfed.compression.monitor import Window
 from skyfed.coordinator.efficiency import Efficiency
-from skyfed.coordinator.status import AgentStatus, RoundStats, Status
+from skyfed.coordinator.status import AgentStatus, ReplicaInfo, ReplicaSet, RoundStats, Status
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
@@ -42,6 +42,9 @@ from skyfed.wire import (
     check_agent_message,
     check_coordinator_message,
 )
+
+LEADER_METADATA = "skyfed-leader"
+"""Trailing metadata of a standby coordinator replica's refusal: the leader's HOST:PORT."""
 
 
 def _to_proto(message: type[Message], obj: Any, **differ: Any) -> Any:
@@ -488,7 +491,11 @@ def status_to_proto(s: Status) -> pb.StatusReply:
         _to_proto(pb.RoundStat, r, links=[_to_proto(pb.LinkEfficiency, e) for e in r.links])
         for r in s.rounds
     ]
-    return _to_proto(pb.StatusReply, s, agents=agents, rounds=rounds)
+    replicas = None
+    if s.replicas is not None:
+        members = [_to_proto(pb.ReplicaInfo, m) for m in s.replicas.members]
+        replicas = _to_proto(pb.ReplicaSet, s.replicas, members=members)
+    return _to_proto(pb.StatusReply, s, agents=agents, rounds=rounds, replicas=replicas)
 
 
 def status_from_proto(s: pb.StatusReply) -> Status:
@@ -505,7 +512,13 @@ def status_from_proto(s: pb.StatusReply) -> Status:
         _from_proto(RoundStats, r, links=[_from_proto(Efficiency, e) for e in r.links])
         for r in s.rounds
     ]
-    return _from_proto(Status, s, agents=agents, rounds=rounds, refusals=dict(s.refusals))
+    replicas = None
+    if s.HasField("replicas"):
+        members = [_from_proto(ReplicaInfo, m) for m in s.replicas.members]
+        replicas = _from_proto(ReplicaSet, s.replicas, members=members)
+    return _from_proto(
+        Status, s, agents=agents, rounds=rounds, refusals=dict(s.refusals), replicas=replicas
+    )
 
 
 def status_to_json(s: Status) -> str:

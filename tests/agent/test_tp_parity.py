@@ -45,10 +45,10 @@ def train(
         code = kids.procs[f"{tag}-{cloud}"].wait(timeout=180)
         assert code == 0, f"{cloud} exited {code}:\n{kids.log(f'{tag}-{cloud}')[-3000:]}"
     deadline = time.monotonic() + 10
-    while not running.federation.finished:
+    while not running.federation.rounds.finished:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    return [w.clone() for w in running.federation.weights]
+    return [w.clone() for w in running.federation.model.weights]
 
 
 def test_tp2_site_and_tp1_site_train_the_same_model_as_two_tp1_sites(serve, reaped, pki):

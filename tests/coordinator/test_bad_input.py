@@ -190,7 +190,7 @@ def test_bad_contribution_is_refused_and_never_reaches_the_aggregate(serve, raw_
         send(agent, *contribution(deltas(seed)))
         assert agent.expect("receipt").receipt.accepted
     assert aws.expect("round_end").round_end.contributors == 2
-    for got_w, want in zip(running.federation.weights, expected_weights(1, 2), strict=True):
+    for got_w, want in zip(running.federation.model.weights, expected_weights(1, 2), strict=True):
         torch.testing.assert_close(got_w, want, rtol=0, atol=1e-7)
 
 

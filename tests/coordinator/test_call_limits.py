@@ -1,6 +1,7 @@
 """Every call is counted per identity from the moment it opens, owes its first message
 within ``hello_timeout_s``, and ends when its certificate is revoked: one certificate
-cannot lock the others out with calls that never speak (docs/security.md, "Call limits")."""
+cannot lock the others out with calls that never speak (docs/security.md, "Call and
+stream limits")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """What a run writes about its model is its operator's alone: checkpoints, the exported
-model, status.json and the round history are 0600 (docs/security.md, "Files")."""
+model, status.json and the round history are 0600 (docs/security.md, "Identity and
+transport")."""
 
 from __future__ import annotations
 
