@@ -45,7 +45,7 @@ def start_tp_agent(kids: Children, certs: Path) -> tuple[subprocess.Popen, list[
         "--device", "cpu", "--coordinator", f"127.0.0.1:{closed_port()}",
     )  # fmt: skip
     proc = kids.start("aws", argv)
-    wait_until(lambda: "reconnecting" in kids.log("aws"), 60, "the ranks to be up")
+    wait_until(lambda: "session ended" in kids.log("aws"), 60, "the ranks to be up")
     pids = re.search(r"\[Agent.Ranks\] tp=2 device=cpu pids=(\d+),(\d+)", kids.log("aws"))
     assert pids, kids.log("aws")
     return proc, [int(p) for p in pids.groups()]
