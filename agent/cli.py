@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from skyfed.agent.config import AgentConfig
+from skyfed.agent.config import DP_MODES, AgentConfig
 from skyfed.agent.placement import LAUNCHERS
 from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
 from skyfed.config import load_config
@@ -40,7 +40,20 @@ def main() -> None:
 @click.option("--num-shards", type=int)
 @click.option("--local-steps", type=int)
 @click.option("--rounds", type=int, help="Stop after this many rounds (0: until final).")
-@click.option("--tp", type=int, help="Local tensor-parallel ranks (processes).")
+@click.option(
+    "--dp", type=int, help="Data-parallel replicas of the site (0: the launcher's tasks over tp)."
+)
+@click.option("--tp", type=int, help="Tensor-parallel ranks (processes) of each replica.")
+@click.option(
+    "--dp-mode",
+    type=click.Choice(DP_MODES),
+    help="How replicas keep one model: fsdp (FSDP2), ddp, or auto (DDP while it fits).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    help="Keep the site's residuals and last error here across restarts.",
+)
 @click.option(
     "--max-streams", type=int, help="Most TCP connections to stripe the session over (1: one)."
 )
@@ -67,6 +80,8 @@ def main() -> None:
     {
         "seed": (int, "Seed of the initial weights (the coordinator's) and the data order."),
         "threads": (int, "torch intra-op threads for local training."),
+        "gpu_every_steps": (int, "Read each rank's GPU (NVML) every this many steps (0: never)."),
+        "gpu_warn_c": (float, "Warn when a GPU's temperature passes this (degrees C)."),
     },
 )
 def start(
@@ -81,10 +96,11 @@ def start(
         config = load_config(AgentConfig, component="agent", path=config_path, flags=flags)
         from skyfed.agent.launch import settle
 
-        settle(config)  # fails early: cuda without enough GPUs, tp against the launcher
+        # Fails early: cuda without enough GPUs, dp x tp against the launcher.
+        placed, _ = settle(config)
         from skyfed.agent import preflight
 
-        preflight.check(config)  # key pair, files, task, TP plan: one line each
+        preflight.check(placed)  # key pair, files, task, TP plan: one line each
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     if log_format:

@@ -1,5 +1,5 @@
-"""Starting an agent: one in-process rank, a supervisor and ``tp`` rank processes, or
-one rank of a site whose ranks ``srun`` or ``torchrun`` started."""
+"""Starting an agent: one in-process rank, a supervisor and ``dp x tp`` rank processes,
+or one rank of a site whose ranks ``srun`` or ``torchrun`` started."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from skyfed.agent import failure
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.placement import Placement, detect
 from skyfed.agent.ranks import (
     STORE_HOST,
+    Ranks,
     RankSpec,
     die_with_parent,
     gpu_index,
@@ -30,6 +32,7 @@ from skyfed.agent.ranks import (
     placed_config,
     reap,
     resolve_device,
+    spawned_config,
     start_ranks,
     supervise,
 )
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 
 EXIT_REFUSED = 3
 EXIT_NO_SESSION = 4
+EXIT_SITE_DOWN = failure.EXIT_SITE_DOWN
 # Set by ``agent start`` so rank 0 of a tp > 1 site prints its rounds too.
 PROGRESS_ENV = "SKYFED_AGENT_PROGRESS"
 
@@ -51,8 +55,7 @@ def settle(config: AgentConfig) -> tuple[AgentConfig, Placement | None]:
     """The configuration this process runs and, under a launcher, its placement; raises
     ValueError for what ``agent start`` reports as a usage error (wrong tp, no GPU)."""
     placement = detect(config.launcher, os.environ)
-    if placement is not None:
-        config = placed_config(config, placement)
+    config = spawned_config(config) if placement is None else placed_config(config, placement)
     resolve_device(config, placement)
     return config, placement
 
@@ -66,18 +69,19 @@ def run(config: AgentConfig, log_level: str | None = None, progress: bool = Fals
         return run_placed(config, placement, log_level)
     if not needs_ranks(config):
         torch.set_num_threads(config.threads)
-        return lead(config, Site(_trainer(config), sender=config.name), progress)
+        return lead(config, _site(config, _trainer(config)), progress)
     device_type = resolve_device(config)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     store, procs = start_ranks(config, device_type, log_level)
     log.info(
-        "[Agent.Ranks] tp=%d device=%s pids=%s",
+        "[Agent.Ranks] dp=%d tp=%d device=%s pids=%s",
+        config.dp,
         config.tp,
         device_type,
         ",".join(str(p.pid) for p in procs),
     )
     try:
-        return supervise(procs)
+        return supervise(procs, store, config)
     finally:
         reap(procs)
         del store
@@ -85,7 +89,7 @@ def run(config: AgentConfig, log_level: str | None = None, progress: bool = Fals
 
 def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     """Rank 0: run the session loop over ``site``; map final refusals to exit codes."""
-    from skyfed.agent.daemon import Agent
+    from skyfed.agent.daemon import Agent, SiteDown
     from skyfed.agent.link import LinkClosed
     from skyfed.agent.observe import RoundLines, start_metrics
 
@@ -99,6 +103,7 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     if progress:
         lines.start()
     try:
+        site.restore()
         agent.run()
     except LinkClosed as exc:
         click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
@@ -106,6 +111,8 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     except TimeoutError as exc:
         click.echo(f"agent {config.name}: {exc}", err=True)
         return EXIT_NO_SESSION
+    except SiteDown:
+        return EXIT_SITE_DOWN
     finally:
         if progress:
             lines.close()
@@ -181,20 +188,55 @@ def serve_rank(
     gpu: int | None = None,
     single_host: bool = True,
 ) -> int:
-    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow."""
+    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow.
+
+    A rank that fails on its own leaves its one-line reason in the store and says it (the
+    traceback only at DEBUG); one that fails because another rank is gone exits quietly
+    with ``EXIT_SITE_DOWN`` (``skyfed.agent.failure``)."""
     torch.set_num_threads(config.threads)
-    group, mesh, device = init_ranks(
-        rank, config.tp, device_type, store, gpu=gpu, single_host=single_host
-    )
-    site = Site(_trainer(config, mesh=mesh, device=device), group, sender=config.name)
     if rank == 0:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
-        code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
-    else:
-        site.follow()
-        code = 0
+    try:
+        group, mesh, device = init_ranks(
+            rank, config.ranks, device_type, store, dp=config.dp, gpu=gpu, single_host=single_host
+        )
+        site = _site(config, _trainer(config, mesh=mesh, device=device), group)
+        if rank == 0:
+            code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
+        else:
+            site.follow()
+            code = 0
+    except SystemExit as exc:  # SIGTERM: the supervisor or the launcher stops the site
+        return exc.code if isinstance(exc.code, int) else 0
+    except BaseException as exc:
+        return failed_rank(exc, rank, store, config)
     dist.destroy_process_group()
     return code
+
+
+def failed_rank(exc: BaseException, rank: int, store: dist.Store, config: AgentConfig) -> int:
+    """A rank's end by an exception: its reason in the store and the log (once), or, for a
+    lost peer, nothing of its own (the rank that failed first says why)."""
+    if failure.lost_peer(exc):
+        log.debug("[Agent.Ranks] rank %d lost a peer", rank, exc_info=exc)
+        return EXIT_SITE_DOWN
+    reason = f"{failure.where(rank, config.dp, config.tp)}: {failure.one_line(exc)}"
+    log.debug("[Agent.Ranks] rank %d failed", rank, exc_info=exc)
+    failure.report(store, rank, reason)
+    failure.announce(store, reason)
+    failure.keep(config.state_dir if rank == 0 else None, reason)
+    return 1
+
+
+def _site(config: AgentConfig, trainer: LocalTrainer, group: Ranks | None = None) -> Site:
+    return Site(
+        trainer,
+        group,
+        sender=config.name,
+        state_dir=config.state_dir,
+        gpu_every_steps=config.gpu_every_steps,
+        gpu_warn_c=config.gpu_warn_c,
+    )
 
 
 def _trainer(
@@ -209,6 +251,7 @@ def _trainer(
         mesh=mesh,
         device=device,
         data_seed=data_seed(config),
+        dp_mode=config.dp_mode,
     )
 
 

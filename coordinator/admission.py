@@ -53,6 +53,9 @@ class Admission:
 
     def __init__(self, fed: Federation) -> None:
         self.fed = fed
+        self.down: dict[str, Session] = {}
+        """Sites that went down saying why (``Leave``), kept for status (state ``down``,
+        their ``last_error``) until they are back."""
 
     def check(self, session: Session, hello: Hello) -> None:
         """Raise unless ``hello`` agrees with the session's certificate and the model."""
@@ -101,6 +104,13 @@ class Admission:
                 session.agent_cc = CongestionControl(name=hello.congestion_control, source="agent")
             fed.links.open(session, fed.round)
             session.tp = max(1, hello.tp)
+            session.dp = hello.dp
+            was_down = self.down.pop(session.key, None)
+            session.last_error = hello.last_error or (was_down.last_error if was_down else "")
+            if hello.last_error:
+                log.warning(
+                    "[Coordinator.Join] agent=%s last stopped: %s", session.key, hello.last_error
+                )
             self._offer_stripes(session, hello)
             behind = (
                 fed.finished  # the final weights follow, and tell it to stop
@@ -223,6 +233,16 @@ class Admission:
                 del fed.sessions[session.key]
                 log.info("[Coordinator.Leave] agent=%s round=%d", session.key, fed.round)
             fed.cond.notify_all()
+
+    def left(self, session: Session, reason: str) -> None:
+        """The site says it goes down, and why: it leaves now, and status shows it as
+        ``down`` with ``reason`` until it is back (docs/sites.md)."""
+        log.warning("[Coordinator.Leave] agent=%s down: %s", session.key, reason)
+        self.leave(session)
+        with self.fed.cond:
+            session.state, session.last_error = "down", reason
+            self.down[session.key] = session
+        session.close()  # what is queued goes, then the stream ends: the site is gone
 
     def revoke(self, session: Session, reason: str) -> None:
         """End a revoked identity's stream: its contribution in flight is withdrawn, status

@@ -14,15 +14,23 @@ from skyfed.procs import Children
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = Path(__file__).with_name("tp_worker.py")
+WORKER = Path(__file__).with_name("site_worker.py")
 
 
 def run_site(
-    kids: Children, task: str, out: Path, world: int = 2, exchange: str = "delta"
+    kids: Children,
+    task: str,
+    out: Path,
+    world: int = 2,
+    exchange: str = "delta",
+    *,
+    dp: int = 1,
+    mode: str = "auto",
 ) -> list[dict]:
+    """Every rank's record of a ``dp x (world / dp)`` site run by ``site_worker.py``."""
     store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
     for rank in range(world):
-        argv = [sys.executable, WORKER, rank, world, store.port, task, out, exchange]
+        argv = [sys.executable, WORKER, rank, world, dp, mode, store.port, task, out, exchange]
         kids.start(f"rank{rank}", [str(a) for a in argv])
     for rank in range(world):
         code = kids.procs[f"rank{rank}"].wait(timeout=120)

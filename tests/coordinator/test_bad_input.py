@@ -34,6 +34,7 @@ def join(
     name: str,
     codecs: tuple[str, ...] = ("fp32",),
     exchanges: tuple[str, ...] = (),
+    last_error: str = "",
 ) -> pb.Welcome:
     weights, spec = model_and_spec()
     agent.send(
@@ -47,6 +48,7 @@ def join(
             last_round=-1,
             weights_digest=weights_digest(weights),
             exchanges=list(exchanges),
+            last_error=last_error,
         )
     )
     return agent.expect("welcome").welcome

@@ -98,12 +98,17 @@ def test_first_host_of_a_slurm_host_list(nodelist, host):
     assert first_host(nodelist) == host
 
 
-def test_tp_follows_the_launcher_and_a_contrary_tp_is_refused(tmp_path):
+def test_the_layout_follows_the_launcher_and_a_contrary_one_is_refused(tmp_path):
     config = AgentConfig(cloud="aws", certs=tmp_path)
-    placement = detect("auto", SRUN)
-    assert placed_config(config, placement).tp == 4
+    placement = detect("auto", SRUN)  # 4 tasks
+    assert (placed_config(config, placement).dp, placed_config(config, placement).tp) == (4, 1)
     config.tp = 2
-    with pytest.raises(ValueError, match="tp=2 disagrees with slurm's 4 tasks"):
+    assert (placed_config(config, placement).dp, placed_config(config, placement).tp) == (2, 2)
+    config.tp = 3
+    with pytest.raises(ValueError, match="tp=3 does not divide slurm's 4 tasks"):
+        placed_config(config, placement)
+    config.dp, config.tp = 2, 1
+    with pytest.raises(ValueError, match="dp=2 x tp=1 = 2 ranks disagree with slurm's 4 tasks"):
         placed_config(config, placement)
 
 
@@ -117,7 +122,8 @@ def test_a_rank_takes_the_gpu_of_its_local_rank_or_the_one_bound_to_it():
 @pytest.mark.parametrize(
     ("flags", "env", "message"),
     [
-        (["--tp", "2"], SRUN, "tp=2 disagrees with slurm's 4 tasks"),
+        (["--tp", "3"], SRUN, "tp=3 does not divide slurm's 4 tasks"),
+        (["--dp", "3", "--tp", "2"], SRUN, "dp=3 x tp=2 = 6 ranks disagree with slurm's"),
         (["--launcher", "slurm"], {}, "not inside an srun step"),
     ],
 )
