@@ -71,11 +71,12 @@ def test_a_data_parallel_rank_killed_mid_round_takes_the_site_down_and_it_rejoin
     (status,) = fed.status().agents
     assert status.last_error.endswith("killed by SIGKILL"), status.last_error
 
-    again = reaped.start(
-        "gcp-again", agent_argv(pki.directory, running.port, tmp_path, "--task", MLP, "--dp", "2")
-    )
+    # It comes back with another layout: its residuals, kept in logical coordinates,
+    # are cut into the new slices.
+    argv = agent_argv(pki.directory, running.port, tmp_path, "--task", MLP, "--tp", "2")
+    again = reaped.start("gcp-again", argv)
     assert again.wait(timeout=240) == 0, reaped.log("gcp-again")[-3000:]
-    assert "[Agent.State] residuals of" in reaped.log("gcp-again")
+    assert "resharded onto dp=1 tp=2" in reaped.log("gcp-again")
     report = json.loads((tmp_path / "gcp.json").read_text())
     assert report["weights_digest"] == fed.weights_digest and fed.finished
 
