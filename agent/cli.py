@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -97,7 +98,7 @@ def start(
         from skyfed.agent.launch import settle
 
         # Fails early: cuda without enough GPUs, dp x tp against the launcher.
-        placed, _ = settle(config)
+        placed, placement = settle(config)
         from skyfed.agent import preflight
 
         preflight.check(placed)  # key pair, files, task, TP plan: one line each
@@ -106,6 +107,8 @@ def start(
     if log_format:
         os.environ["SKYFED_LOG_FORMAT"] = log_format  # the rank processes log alike
     setup_logging(log_level, who=config.name, fmt=log_format)
+    if placement is not None and placement.rank > 0:
+        logging.getLogger().setLevel(logging.ERROR)  # only the site's rank 0 logs more
     from skyfed.agent.launch import PROGRESS_ENV, run
     from skyfed.netinfo import log_congestion_control, target_host
 

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import zlib
 from typing import NoReturn
 
@@ -157,7 +158,8 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         logging.getLogger().setLevel(logging.ERROR)
     device_type = resolve_device(config, placement)
     log.info(
-        "[Agent.Ranks] %s rank=%d/%d local=%d device=%s rendezvous=%s:%d",
+        "[Agent.Ranks] %s rank=%d/%d local=%d device=%s rendezvous=%s:%d dp=%d tp=%d "
+        "cuda_visible=%s cpus=%s",
         placement.launcher,
         placement.rank,
         placement.world,
@@ -165,7 +167,17 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         device_type,
         placement.master_addr,
         placement.master_port,
+        config.dp,
+        config.tp,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
+        cpu_list(),
     )
+    joined = threading.Event()
+    probes = None
+    if placement.rank > 0 and placement.local_rank == 0:  # another node's first rank
+        from skyfed.agent.observe import start_node_probes
+
+        probes = start_node_probes(config, joined.is_set)
     store = open_store(placement)
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
     code = serve_rank(
@@ -175,8 +187,23 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         store,
         gpu=gpu_index(placement, gpus) if device_type == "cuda" else None,
         single_host=placement.single_host,
+        joined=joined,
     )
+    if probes is not None:
+        probes.close()
     exit_rank(code)
+
+
+def cpu_list() -> str:
+    """The CPUs this process may run on, as ranges (``0-3,8``): what a launcher bound it to."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    spans: list[str] = []
+    for cpu in cpus:
+        if spans and int(spans[-1].split("-")[-1]) == cpu - 1:
+            spans[-1] = f"{spans[-1].split('-')[0]}-{cpu}"
+        else:
+            spans.append(str(cpu))
+    return ",".join(spans) or "-"
 
 
 def serve_rank(
@@ -187,8 +214,10 @@ def serve_rank(
     *,
     gpu: int | None = None,
     single_host: bool = True,
+    joined: threading.Event | None = None,
 ) -> int:
-    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow.
+    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow
+    (``joined`` is set once the ranks have joined the site's groups).
 
     A rank that fails on its own leaves its one-line reason in the store and says it (the
     traceback only at DEBUG); one that fails because another rank is gone exits quietly
@@ -201,6 +230,8 @@ def serve_rank(
             rank, config.ranks, device_type, store, dp=config.dp, gpu=gpu, single_host=single_host
         )
         site = _site(config, _trainer(config, mesh=mesh, device=device), group)
+        if joined is not None:
+            joined.set()
         if rank == 0:
             code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
         else:

@@ -48,6 +48,22 @@ def start_metrics(agent: Any, config: AgentConfig) -> MetricsServer | None:
     return MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
 
 
+def start_node_probes(config: AgentConfig, joined: Callable[[], bool]) -> MetricsServer | None:
+    """On a node of a multi-node site other than the leader's, its first rank serves
+    ``/healthz`` and ``/readyz`` (ready = its ranks joined the site) on the same port, so
+    every pod of the site passes its probes; the site's metrics, GPUs included, are the
+    leader's (``skyfed.agent.gpus``)."""
+    if not config.metrics_listen:
+        return None
+
+    def ready() -> tuple[bool, str]:
+        return (True, "") if joined() else (False, "the site's ranks have not joined")
+
+    return MetricsServer(
+        config.metrics_listen, CollectorRegistry(), ready, public=config.metrics_public
+    )
+
+
 class RoundLines:
     """Calls ``say`` with one line per round the agent applies, and one every
     ``phase_line_s`` while a long local phase goes on, until :meth:`close`."""

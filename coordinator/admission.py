@@ -127,13 +127,14 @@ class Admission:
                 fed.final_delivered.add(session.key)
             session.state = "idle"
             log.info(
-                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s tp=%d "
-                "local_steps=%d cc=%s agent_cc=%s",
+                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s dp=%d "
+                "tp=%d local_steps=%d cc=%s agent_cc=%s",
                 session.identity.uri,
                 fed.round,
                 behind,
                 session.codec,
                 fed.links.codec_params(session, fed.round) or "{}",
+                session.dp,
                 session.tp,
                 session.local_steps,
                 session.cc.name if session.cc else "unknown",

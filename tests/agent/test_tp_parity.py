@@ -56,4 +56,4 @@ def test_tp2_site_and_tp1_site_train_the_same_model_as_two_tp1_sites(serve, reap
     mixed = train(serve, reaped, pki.directory, {"aws": 2, "gcp": 1}, "tp")
     for ref, got in zip(reference, mixed, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
-    assert "[Agent.Ranks] tp=2" in reaped.log("tp-aws")
+    assert "[Agent.Ranks] dp=1 tp=2" in reaped.log("tp-aws")
