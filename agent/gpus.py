@@ -106,8 +106,12 @@ class GpuWatch:
 def _handle_of(nvml: Any, device: torch.device) -> Any:
     """The NVML handle of the CUDA device this rank trains on: by its UUID, so a
     ``CUDA_VISIBLE_DEVICES`` that renumbers devices (``srun --gpus-per-task``) cannot
-    confuse it; by its PCI bus id where torch has no UUID."""
-    props = torch.cuda.get_device_properties(device)
+    confuse it; by its PCI bus id where torch has no UUID; by its index where torch cannot
+    describe the device at all."""
+    try:
+        props = torch.cuda.get_device_properties(device)
+    except (RuntimeError, AssertionError, AttributeError):
+        return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
     uuid = getattr(props, "uuid", None)
     if uuid is not None:
         text = str(uuid)

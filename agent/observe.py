@@ -32,6 +32,9 @@ def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
         "bytes_up": agent.bytes_up,
         "bytes_down": agent.bytes_down,
         "codec": agent.codec,
+        "dp": agent.site.layout[0],
+        "tp": agent.site.layout[1],
+        "gpus": agent.site.gpus.as_list(),
     }
 
 

@@ -1,0 +1,211 @@
+"""Sites of each layout on CPU (Gloo): throughput, uplink bytes, memory per rank, and fp32
+parity with a 1 x 1 site; DDP and FSDP2 side by side.
+
+    python bench/sites.py                          # 10M `wide` task, 1x1 2x1 1x2 2x2, 3 repeats
+    python bench/sites.py --params 1M --repeats 1  # quicker
+    python bench/sites.py --record                 # and keep the run in bench/results/
+
+Each layout runs the product's own ``Site`` and ``LocalTrainer`` in ``dp x tp`` rank
+processes (a 1 x 1 site in one process with no mesh, as ``agent start`` runs it), rank 0
+driving the others as the agent's daemon does. Per round: ``local_steps`` optimizer steps
+(every replica on its slice of each batch), the contribution (every rank encodes its own
+slices) and the apply of an aggregate. Round 0 sends fp32: its pseudo-gradient, assembled
+in logical coordinates, is compared with the 1 x 1 site's (``parity``: the largest
+difference over the largest element). The rounds after it send fp16 (``up B/round``: the
+WAN bytes of one contribution) and are timed (``samples/s``: the site's batch x local steps
+over the local phase's wall time; median of the rounds, then median over the repeats, with
+their range). ``RSS/model``: each rank's peak resident memory above its own before it built
+the model, over the model's fp32 bytes; the largest rank's. Each rank has one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import record  # noqa: E402
+
+from skyfed.agent.parallelize import narrow  # noqa: E402
+from skyfed.agent.ranks import STORE_HOST, init_ranks  # noqa: E402
+from skyfed.agent.site import Site  # noqa: E402
+from skyfed.agent.trainer import LocalTrainer  # noqa: E402
+from skyfed.compression import decode_payload, make_codec  # noqa: E402
+from skyfed.tasks import load_task  # noqa: E402
+from skyfed.wire import Payload, shard_shape  # noqa: E402
+
+LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
+MODES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One layout's run, as rank 0 and every rank saw it."""
+
+    samples_per_s: float
+    up_bytes: int
+    rss_over_model: float
+    parity: float
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux says KiB
+
+
+def logical(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
+    """The contribution in logical coordinates: each slice decoded into its place."""
+    out = [torch.zeros(info.shape) for info in site.spec]
+    for p in payloads:
+        part = decode_payload(p.data, shape=shard_shape(site.spec[p.tensor].shape, p.shard))
+        narrow(out[p.tensor], p.shard).copy_(part)
+    return out
+
+
+def drive(site: Site, rounds: int, batch: int, local_steps: int, ref: Path) -> dict[str, Any]:
+    """Rank 0: round 0 in fp32 for parity, then ``rounds`` timed rounds in fp16."""
+    site.train()
+    delta = logical(site, site.contribution(0, "fp32"))
+    if not ref.exists():  # the 1 x 1 site runs first and leaves its delta
+        torch.save(delta, ref)
+    want = torch.load(ref, weights_only=True)
+    scale = max(float(w.abs().max()) for w in want)
+    parity = max(float((d - w).abs().max()) for d, w in zip(delta, want, strict=True)) / scale
+    fp32, fp16 = make_codec("fp32"), make_codec("fp16")
+    site.apply(0, [fp32.encode(d) for d in delta])
+    zeros = [fp16.encode(torch.zeros(info.shape)) for info in site.spec]
+    train_s, up = [], []
+    for r in range(1, rounds + 1):
+        started = time.perf_counter()
+        site.train()
+        train_s.append(time.perf_counter() - started)
+        up.append(sum(len(p.data) for p in site.contribution(r, "fp16")))
+        site.acked(r)
+        site.apply(r, zeros)
+    site.digest()
+    return {
+        "samples_per_s": batch * local_steps / statistics.median(train_s),
+        "up_bytes": int(statistics.median(up)),
+        "parity": parity,
+    }
+
+
+def rank_main(rank: int, world: int, dp: int, mode: str, port: int, a: Any, out: Any) -> None:
+    torch.set_num_threads(1)
+    before = rss_bytes()
+    task = load_task(a.task)
+    options = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": a.local_steps}
+    if world == 1:
+        site = Site(LocalTrainer(task, **options))
+    else:
+        store = dist.TCPStore(STORE_HOST, port, is_master=False)
+        group, mesh, device = init_ranks(rank, world, "cpu", store, dp=dp)
+        trainer = LocalTrainer(task, mesh=mesh, device=device, dp_mode=mode, **options)
+        site = Site(trainer, group)
+    seen = None
+    if rank == 0:
+        seen = drive(site, a.rounds, task.batch_size(), a.local_steps, Path(a.ref))
+        if world > 1:
+            site.stop()
+    else:
+        site.follow()
+    out.put((rank, peak_rss_bytes() - before, seen))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def run(dp: int, tp: int, mode: str, args: Any) -> Run:
+    world = dp * tp
+    store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=rank_main, args=(r, world, dp, mode, store.port, args, out))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    heard = [out.get(timeout=1800) for _ in range(world)]
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"a rank of {dp}x{tp} {mode} exited {p.exitcode}")
+    lead = next(seen for _, _, seen in heard if seen is not None)
+    model_bytes = sum(p.numel() * 4 for p in load_task(args.task).build_model(0).parameters())
+    rss = max(grown for _, grown, _ in heard) / model_bytes
+    return Run(lead["samples_per_s"], lead["up_bytes"], rss, lead["parity"])
+
+
+def spread(values: list[float], digits: int) -> str:
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def table(rows: dict[tuple[int, int, str], list[Run]]) -> list[str]:
+    lines = [
+        "| layout | dp mode | samples/s | up B/round (fp16) | RSS/model (largest rank) "
+        "| fp32 parity vs 1x1 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (dp, tp, mode), runs in rows.items():
+        lines.append(
+            f"| {dp}x{tp} | {mode} | {spread([r.samples_per_s for r in runs], 1)} "
+            f"| {int(statistics.median(r.up_bytes for r in runs)):,} "
+            f"| {spread([r.rss_over_model for r in runs], 2)} "
+            f"| {max(r.parity for r in runs):.1e} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default="10M", help="the wide task's size")
+    parser.add_argument("--local-steps", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after round 0")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--record", action="store_true", help="keep the run in bench/results/")
+    args = parser.parse_args(argv)
+    # batch 8 splits over dp=2; width even so TP splits it and FSDP splits each TP slice.
+    args.task = f"skyfed.tasks.examples:wide?params={args.params}&batch=8"
+    configs = [(dp, tp, "none" if dp == 1 else mode) for dp, tp in LAYOUTS for mode in MODES]
+    configs = list(dict.fromkeys(configs))  # a 1 x T layout has no dp mode: once
+    rows: dict[tuple[int, int, str], list[Run]] = {c: [] for c in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            args.ref = str(Path(tmp) / f"ref-{repeat}.pt")
+            for dp, tp, mode in configs:
+                rows[(dp, tp, mode)].append(run(dp, tp, mode, args))
+                print(f"repeat {repeat + 1}: {dp}x{tp} {mode}: {rows[(dp, tp, mode)][-1]}")
+    head = (
+        f"task `{args.task}`, {args.local_steps} local steps per round, {args.rounds} timed "
+        f"rounds, {args.repeats} repeats (median, range), 1 torch thread per rank, "
+        f"{os.cpu_count()} CPUs"
+    )
+    lines = [head, "", *table(rows)]
+    print("\n".join(lines))
+    if args.record:
+        print(record("sites", "layouts-cpu", sys.argv[1:], lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
