@@ -9,13 +9,21 @@ Each layout runs the product's own ``Site`` and ``LocalTrainer`` in ``dp x tp`` 
 processes (a 1 x 1 site in one process with no mesh, as ``agent start`` runs it), rank 0
 driving the others as the agent's daemon does. Per round: ``local_steps`` optimizer steps
 (every replica on its slice of each batch), the contribution (every rank encodes its own
-slices) and the apply of an aggregate. Round 0 sends fp32: its pseudo-gradient, assembled
-in logical coordinates, is compared with the 1 x 1 site's (``parity``: the largest
-difference over the largest element). The rounds after it send fp16 (``up B/round``: the
-WAN bytes of one contribution) and are timed (``samples/s``: the site's batch x local steps
-over the local phase's wall time; median of the rounds, then median over the repeats, with
-their range). ``RSS/model``: each rank's peak resident memory above its own before it built
-the model, over the model's fp32 bytes; the largest rank's. Each rank has one torch thread.
+slices) and the apply of an aggregate.
+
+- ``parity``: round 0 sends fp32; its pseudo-gradient, assembled in logical coordinates,
+  against the 1 x 1 site's, in units of the weights' own float32 spacing at each element
+  (ulp): how far apart the two sites' weights end, since ``delta = start - end``.
+- ``samples/s``: the rounds after a warm-up one are timed: the site's batch x local steps
+  over the local phase's wall time; median of the rounds, then median over the repeats,
+  with their range.
+- ``up B/round``: the WAN bytes of one fp16 contribution.
+- ``RSS/model``: each rank's peak resident memory over the timed rounds (``VmHWM``, reset
+  after the warm-up round) less its memory before it built the model, over the model's
+  fp32 bytes: the smallest and the largest rank (rank 0 also holds the gathered uplink and
+  the aggregate), median over the repeats.
+
+Each rank has one torch thread and the agent's allocator settings (``fix_mmap_threshold``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -42,12 +49,14 @@ from skyfed.agent.parallelize import narrow  # noqa: E402
 from skyfed.agent.ranks import STORE_HOST, init_ranks  # noqa: E402
 from skyfed.agent.site import Site  # noqa: E402
 from skyfed.agent.trainer import LocalTrainer  # noqa: E402
+from skyfed.allocator import fix_mmap_threshold  # noqa: E402
 from skyfed.compression import decode_payload, make_codec  # noqa: E402
 from skyfed.tasks import load_task  # noqa: E402
 from skyfed.wire import Payload, shard_shape  # noqa: E402
 
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
 MODES = ("ddp", "fsdp")
+WARMUP_ROUNDS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +65,9 @@ class Run:
 
     samples_per_s: float
     up_bytes: int
-    rss_over_model: float
-    parity: float
+    rss_over_model: tuple[float, float]
+    """The smallest and the largest rank's."""
+    parity_ulp: float
 
 
 def rss_bytes() -> int:
@@ -67,7 +77,30 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux says KiB
+    """This process's peak resident memory since the last :func:`reset_peak` (VmHWM)."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024  # kB
+
+
+def reset_peak() -> None:
+    """Start VmHWM again from the resident memory now (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_after_warmup(site: Site) -> None:
+    """Every rank resets its peak as its local phase after the warm-up rounds begins (the
+    ranks run their local phases in lockstep)."""
+    train, calls = site.trainer.train, [0]
+
+    def counted() -> Any:
+        calls[0] += 1
+        if calls[0] == 2 + WARMUP_ROUNDS:  # round 0 (parity), then the warm-up rounds
+            reset_peak()
+        return train()
+
+    site.trainer.train = counted  # type: ignore[method-assign]
 
 
 def logical(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
@@ -79,20 +112,36 @@ def logical(site: Site, payloads: list[Payload]) -> list[torch.Tensor]:
     return out
 
 
-def drive(site: Site, rounds: int, batch: int, local_steps: int, ref: Path) -> dict[str, Any]:
-    """Rank 0: round 0 in fp32 for parity, then ``rounds`` timed rounds in fp16."""
+def ulps(delta: list[torch.Tensor], want: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """The largest difference of ``delta`` from ``want``, in float32 spacings of the weights."""
+    worst = 0.0
+    for d, w, x in zip(delta, want, weights, strict=True):
+        spacing = torch.nextafter(x.abs(), torch.tensor(float("inf"))) - x.abs()
+        worst = max(worst, float(((d - w).abs() / spacing).max()))
+    return worst
+
+
+def parity_round(site: Site, ref: Path, weights: list[torch.Tensor]) -> float:
+    """Round 0 in fp32: the pseudo-gradient against the 1 x 1 site's (which the 1 x 1 run
+    leaves in ``ref``), in ulps of the weights; the update applied."""
     site.train()
     delta = logical(site, site.contribution(0, "fp32"))
-    if not ref.exists():  # the 1 x 1 site runs first and leaves its delta
+    if not ref.exists():
         torch.save(delta, ref)
-    want = torch.load(ref, weights_only=True)
-    scale = max(float(w.abs().max()) for w in want)
-    parity = max(float((d - w).abs().max()) for d, w in zip(delta, want, strict=True)) / scale
-    fp32, fp16 = make_codec("fp32"), make_codec("fp16")
-    site.apply(0, [fp32.encode(d) for d in delta])
+    parity = ulps(delta, torch.load(ref, weights_only=True), weights)
+    site.apply(0, [make_codec("fp32").encode(d) for d in delta])
+    return parity
+
+
+def drive(site: Site, a: Any) -> dict[str, Any]:
+    """Rank 0: round 0 for parity, then warm-up and ``a.rounds`` timed rounds in fp16."""
+    weights = [p.detach() for p in load_task(a.task).build_model(0).parameters()]
+    parity = parity_round(site, Path(a.ref), weights)
+    del weights
+    fp16 = make_codec("fp16")
     zeros = [fp16.encode(torch.zeros(info.shape)) for info in site.spec]
     train_s, up = [], []
-    for r in range(1, rounds + 1):
+    for r in range(1, WARMUP_ROUNDS + a.rounds + 1):
         started = time.perf_counter()
         site.train()
         train_s.append(time.perf_counter() - started)
@@ -100,28 +149,32 @@ def drive(site: Site, rounds: int, batch: int, local_steps: int, ref: Path) -> d
         site.acked(r)
         site.apply(r, zeros)
     site.digest()
+    timed = train_s[WARMUP_ROUNDS:]
     return {
-        "samples_per_s": batch * local_steps / statistics.median(train_s),
+        "samples_per_s": site.trainer.task.batch_size() * a.local_steps / statistics.median(timed),
         "up_bytes": int(statistics.median(up)),
-        "parity": parity,
+        "parity_ulp": parity,
     }
 
 
 def rank_main(rank: int, world: int, dp: int, mode: str, port: int, a: Any, out: Any) -> None:
     torch.set_num_threads(1)
-    before = rss_bytes()
+    fix_mmap_threshold()
     task = load_task(a.task)
     options = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": a.local_steps}
     if world == 1:
+        before = rss_bytes()
         site = Site(LocalTrainer(task, **options))
     else:
         store = dist.TCPStore(STORE_HOST, port, is_master=False)
         group, mesh, device = init_ranks(rank, world, "cpu", store, dp=dp)
+        before = rss_bytes()
         trainer = LocalTrainer(task, mesh=mesh, device=device, dp_mode=mode, **options)
         site = Site(trainer, group)
+    peak_after_warmup(site)
     seen = None
     if rank == 0:
-        seen = drive(site, a.rounds, task.batch_size(), a.local_steps, Path(a.ref))
+        seen = drive(site, a)
         if world > 1:
             site.stop()
     else:
@@ -149,8 +202,10 @@ def run(dp: int, tp: int, mode: str, args: Any) -> Run:
             raise RuntimeError(f"a rank of {dp}x{tp} {mode} exited {p.exitcode}")
     lead = next(seen for _, _, seen in heard if seen is not None)
     model_bytes = sum(p.numel() * 4 for p in load_task(args.task).build_model(0).parameters())
-    rss = max(grown for _, grown, _ in heard) / model_bytes
-    return Run(lead["samples_per_s"], lead["up_bytes"], rss, lead["parity"])
+    grown = [g / model_bytes for _, g, _ in heard]
+    return Run(
+        lead["samples_per_s"], lead["up_bytes"], (min(grown), max(grown)), lead["parity_ulp"]
+    )
 
 
 def spread(values: list[float], digits: int) -> str:
@@ -162,16 +217,17 @@ def spread(values: list[float], digits: int) -> str:
 
 def table(rows: dict[tuple[int, int, str], list[Run]]) -> list[str]:
     lines = [
-        "| layout | dp mode | samples/s | up B/round (fp16) | RSS/model (largest rank) "
-        "| fp32 parity vs 1x1 |",
+        "| layout | dp mode | samples/s | up B/round (fp16) | RSS/model, ranks' least-most "
+        "| fp32 parity vs 1x1 (ulp) |",
         "|---|---|---|---|---|---|",
     ]
+    med = statistics.median
     for (dp, tp, mode), runs in rows.items():
+        least, most = med(r.rss_over_model[0] for r in runs), med(r.rss_over_model[1] for r in runs)
         lines.append(
             f"| {dp}x{tp} | {mode} | {spread([r.samples_per_s for r in runs], 1)} "
-            f"| {int(statistics.median(r.up_bytes for r in runs)):,} "
-            f"| {spread([r.rss_over_model for r in runs], 2)} "
-            f"| {max(r.parity for r in runs):.1e} |"
+            f"| {int(med(r.up_bytes for r in runs)):,} | {least:.2f}-{most:.2f} "
+            f"| {max(r.parity_ulp for r in runs):.0f} |"
         )
     return lines
 

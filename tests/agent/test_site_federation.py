@@ -81,6 +81,24 @@ def test_a_2x2_fsdp_site_trains_what_a_1x1_site_trains_under_fp32(serve, reaped,
     assert report["layout"] == {"dp": 2, "tp": 2}
 
 
+def test_a_mixed_federation_trains_what_an_all_1x1_one_trains_under_fp32(
+    serve, reaped, pki, tmp_path
+):
+    """The mean over sites of different layouts (each with its own data) is the mean over
+    1 x 1 sites, to float tolerance."""
+    ran = {}
+    for tag, layouts in (
+        ("ones", {"aws": (1, 1, "auto"), "gcp": (1, 1, "auto")}),
+        ("mixed", {"aws": (1, 2, "auto"), "gcp": (2, 1, "ddp")}),
+    ):
+        running = run_federation(
+            serve, reaped, pki.directory, layouts, codec="fp32", rounds=3, tag=tag, reports=tmp_path
+        )
+        ran[tag] = [w.clone() for w in running.federation.weights]
+    for one, mixed in zip(ran["ones"], ran["mixed"], strict=True):
+        torch.testing.assert_close(mixed, one, rtol=1e-5, atol=1e-6)
+
+
 def test_sites_of_four_layouts_stay_bit_identical_under_a_lossy_codec(serve, reaped, pki, tmp_path):
     pki.issue_agent("hpc", "hpc-1")
     layouts = {

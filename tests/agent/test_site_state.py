@@ -4,19 +4,18 @@ cut into the new layout's slices, and kept again bit for bit (real Gloo ranks)."
 from __future__ import annotations
 
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from skyfed.agent import state
-from skyfed.agent.ranks import STORE_HOST
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
 from skyfed.fingerprint import spec_digest
 from skyfed.tasks import load_task
+
+from .test_tp_ranks import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -46,13 +45,7 @@ def kept_by_a_1x1_site(state_dir: Path) -> dict[str, torch.Tensor]:
 def reshard(kids, tmp_path: Path, state_in: Path, world: int, dp: int, mode: str) -> Path:
     out = tmp_path / f"out-{dp}x{world // dp}-{mode}"
     out.mkdir()
-    store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
-    for rank in range(world):
-        argv = [sys.executable, WORKER, rank, world, dp, mode, store.port, TASK, state_in, out]
-        kids.start(f"{out.name}-{rank}", [str(a) for a in argv])
-    for rank in range(world):
-        code = kids.procs[f"{out.name}-{rank}"].wait(timeout=120)
-        assert code == 0, kids.log(f"{out.name}-{rank}")[-3000:]
+    run_ranks(kids, WORKER, world, lambda port: [world, dp, mode, port, TASK, state_in, out])
     return out
 
 
