@@ -20,7 +20,7 @@ busy host inflates both alike):
   the broadcast to its weights, ``alpha = -1``). ``plain``'s decode into a reused buffer
   is the agents' other receiving path (loading weights, a rank's shard).
 
-Goals (issue #21) are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
+Goals are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
 Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
 
 ``--baseline REF`` runs the same measurement, in the same run, on the codecs of another

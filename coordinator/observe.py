@@ -118,7 +118,7 @@ class Observer:
     def _weights(self) -> tuple[int, list]:
         """The closed round and its live weights, lent: the next close waits until the
         evaluator hands them back (``Federation.weights_read``), so they stay that round's
-        whole, with no model-sized copy (docs/scale.md, Measured, large6)."""
+        whole, with no model-sized copy (docs/scale.md, The held-out evaluation)."""
         fed = self.federation
         with fed.cond:  # between closes: the round engine changes weights under it
             fed.weights_free.clear()

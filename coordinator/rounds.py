@@ -115,7 +115,7 @@ class Rounds:
         # The deadline bounds the wait for stragglers once the fastest site is done, not
         # the local phase: counted from the round's opening, a local phase longer than it
         # (DiLoCo's hundreds of steps) closed every round on the fastest site alone and
-        # threw the others' whole phase away (docs/outer-optimizer.md, long local phases).
+        # threw the others' whole phase away (docs/outer-optimizer.md, Long local phases).
         first = fed.stats.opened_at if self._first_commit_at is None else self._first_commit_at
         late = time.monotonic() - first >= fed.config.round_deadline_s
         return late and committed >= fed.config.quorum
