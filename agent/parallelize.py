@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -193,7 +193,8 @@ def param_groups(params: list[nn.Parameter]) -> list[nn.Parameter] | list[dict[s
     plain = [p for p in params if not isinstance(p, DTensor)]
     if not sharded or not plain:
         return params
-    return [{"params": sharded}, {"params": plain}]
+    groups: list[dict[str, Any]] = [{"params": sharded}, {"params": plain}]
+    return groups
 
 
 def local_tensor(param: torch.Tensor) -> torch.Tensor:
@@ -212,8 +213,8 @@ def local_gradient(param: torch.Tensor) -> torch.Tensor:
     if grad is None:
         return torch.zeros_like(local_tensor(param.detach()))
     distributed = isinstance(param, DTensor) and isinstance(grad, DTensor)
-    if distributed and grad.placements != param.placements:
-        grad = grad.redistribute(param.device_mesh, param.placements)
+    if distributed and grad.placements != param.placements:  # type: ignore[attr-defined]
+        grad = grad.redistribute(param.device_mesh, param.placements)  # type: ignore[attr-defined]
     return local_tensor(grad.detach())
 
 
@@ -238,7 +239,7 @@ def shard_of(param: torch.Tensor) -> ShardCoords:
         if not isinstance(placement, Shard | Replicate) and not _is_strided(placement):
             raise ValueError(f"parameter placement {placement} is neither Shard nor Replicate")
     splits = [
-        (i, placement.dim % param.dim(), _is_strided(placement))
+        (i, cast(Shard, placement).dim % param.dim(), _is_strided(placement))
         for i, placement in enumerate(param.placements)
         if not isinstance(placement, Replicate)
     ]
