@@ -48,8 +48,10 @@ def main() -> None:
 @click.option(
     "--dp-mode",
     type=click.Choice(DP_MODES),
-    help="How replicas keep one model: fsdp (FSDP2), ddp, or auto (DDP while it fits).",
+    help="How replicas keep one model: fsdp (FSDP2), hsdp (FSDP2 in a node, replicated "
+    "across), ddp, or auto (DDP while it fits).",
 )
+@click.option("--dp-shard", type=int, help="hsdp: replicas per shard group (0: a node's).")
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),

@@ -10,7 +10,7 @@ from skyfed.validate import require
 from skyfed.wire import MAX_LOCAL_STEPS
 
 DEVICES = ("auto", "cpu", "cuda")
-DP_MODES = ("auto", "fsdp", "ddp")
+DP_MODES = ("auto", "fsdp", "hsdp", "ddp")
 """How a site's data-parallel replicas keep one model (``skyfed.agent.parallelize``)."""
 
 
@@ -58,9 +58,13 @@ class AgentConfig:
     """Tensor-parallel ranks of each replica, one process each (see ``skyfed.agent.ranks``)."""
     dp_mode: str = "auto"
     """How the replicas keep one model: ``fsdp`` (FSDP2: parameters, gradients and
-    optimizer state sharded over the replicas), ``ddp`` (whole replicas, gradients
-    all-reduced), or ``auto``: DDP while a replica's training state takes at most a quarter
-    of one rank's memory, FSDP2 beyond (docs/sites.md)."""
+    optimizer state sharded over the replicas), ``hsdp`` (FSDP2 sharded within groups of
+    ``dp_shard`` replicas, a node's, and replicated across them), ``ddp`` (whole replicas,
+    gradients all-reduced), or ``auto``: DDP while a replica's training state takes at most
+    a quarter of one rank's memory, FSDP2 beyond (docs/sites.md)."""
+    dp_shard: int = 0
+    """``hsdp``: the replicas of one shard group (0: those on one node, from the launcher;
+    all of them when this command spawns the ranks). Must divide ``dp``."""
     device: str = "auto"
     """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``; under a
     launcher, the GPU of the local rank) or
@@ -114,6 +118,7 @@ class AgentConfig:
             (self.tp >= 1, "tp", ">= 1"),
             (self.dp >= 0, "dp", ">= 0 (0: from the launcher)"),
             (self.dp_mode in DP_MODES, "dp_mode", " or ".join(DP_MODES)),
+            (self.dp_shard >= 0, "dp_shard", ">= 0 (0: a node's replicas)"),
             (self.gpu_every_steps >= 0, "gpu_every_steps", ">= 0"),
             (0 < self.gpu_warn_c < 200, "gpu_warn_c", "in (0, 200) degrees C"),
             (self.num_shards >= 1, "num_shards", ">= 1"),

@@ -227,7 +227,14 @@ def serve_rank(
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
     try:
         group, mesh, device = init_ranks(
-            rank, config.ranks, device_type, store, dp=config.dp, gpu=gpu, single_host=single_host
+            rank,
+            config.ranks,
+            device_type,
+            store,
+            dp=config.dp,
+            dp_shard=config.dp_shard if config.dp_mode == "hsdp" else 0,
+            gpu=gpu,
+            single_host=single_host,
         )
         site = _site(config, _trainer(config, mesh=mesh, device=device), group)
         if joined is not None:

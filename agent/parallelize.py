@@ -30,11 +30,35 @@ AUTO_DDP_MAX_FRACTION = 0.25
 (16 bytes per fp32 parameter) take at most this share of one rank's memory (docs/sites.md)."""
 
 
-def build_mesh(device_type: str, dp: int, tp: int) -> DeviceMesh:
-    """The site's 2-D mesh over the default group's ``dp * tp`` ranks, row-major: rank
-    ``r`` is data-parallel replica ``r // tp`` and tensor-parallel rank ``r % tp``, so a TP
-    group is ``tp`` consecutive ranks (one node's GPUs under srun and torchrun)."""
+HSDP_DIMS = ("dp_replicate", "dp_shard")
+
+
+def build_mesh(device_type: str, dp: int, tp: int, dp_shard: int = 0) -> DeviceMesh:
+    """The site's mesh over the default group's ``dp * tp`` ranks, row-major: rank ``r`` is
+    data-parallel replica ``r // tp`` and tensor-parallel rank ``r % tp``, so a TP group is
+    ``tp`` consecutive ranks (one node's GPUs under srun and torchrun).
+
+    2-D ("dp", "tp"), or for HSDP (``0 < dp_shard < dp``) 3-D: the replicas as
+    ("dp_replicate", "dp_shard") groups of ``dp_shard`` consecutive ones (a node's)."""
+    if 0 < dp_shard < dp:
+        shape = (dp // dp_shard, dp_shard, tp)
+        return init_device_mesh(device_type, shape, mesh_dim_names=(*HSDP_DIMS, "tp"))
     return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def replicas(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh of the site's data-parallel replicas: "dp", or HSDP's two dimensions."""
+    return mesh[HSDP_DIMS] if HSDP_DIMS[0] in (mesh.mesh_dim_names or ()) else mesh["dp"]
+
+
+def replica_of(mesh: DeviceMesh) -> tuple[int, int]:
+    """``(replicas, this rank's replica)``, the replica counted row-major over the
+    replicas' mesh (the slice of each batch it trains on)."""
+    dp_mesh = replicas(mesh)
+    index = 0
+    for dim, coord in enumerate(dp_mesh.get_coordinate() or [0] * dp_mesh.ndim):
+        index = index * dp_mesh.size(dim) + coord
+    return dp_mesh.size(), index
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, Any]) -> nn.Module:
@@ -69,9 +93,9 @@ def check_plan(model: nn.Module, plan: dict[str, Any]) -> None:
 
 
 def resolve_dp_mode(mode: str, model: nn.Module, dp: int, device: torch.device) -> str:
-    """``fsdp`` or ``ddp`` for ``mode``; ``auto`` picks DDP while a whole replica's training
-    state fits in a quarter of one rank's memory (faster: no all-gather of the weights in
-    every forward), FSDP2 beyond (memory per rank falls with ``dp``)."""
+    """``fsdp``, ``hsdp`` or ``ddp`` for ``mode``; ``auto`` picks DDP while a whole
+    replica's training state fits in a quarter of one rank's memory (faster: no all-gather
+    of the weights in every forward), FSDP2 beyond (memory per rank falls with ``dp``)."""
     if mode != "auto" or dp == 1:
         return "fsdp" if mode == "auto" else mode
     state_bytes = 16 * sum(p.numel() for p in model.parameters())
@@ -94,12 +118,14 @@ def data_parallel(model: nn.Module, mesh: DeviceMesh, mode: str) -> nn.Module:
 
     ``fsdp``: FSDP2's ``fully_shard`` on each element of the model's ``ModuleList`` s (the
     blocks) and on the root; a TP-sharded parameter is sharded on its TP dimension again,
-    so each rank's slice stays one interval of the logical tensor. ``ddp``: torch's
-    ``DistributedDataParallel`` when there is no TP (its parameters are plain tensors), and
-    FSDP2's ``replicate`` (DDP on FSDP2's machinery, which takes DTensors) with TP.
+    so each rank's slice stays one interval of the logical tensor. ``hsdp``: the same on
+    HSDP's two dimensions (sharded within a "dp_shard" group, replicated across them).
+    ``ddp``: torch's ``DistributedDataParallel`` when there is no TP (its parameters are
+    plain tensors), and FSDP2's ``replicate`` (DDP on FSDP2's machinery, which takes
+    DTensors) with TP.
     """
-    dp_mesh = mesh["dp"]
-    if mode == "fsdp":
+    dp_mesh = replicas(mesh)
+    if mode in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
 
         for unit in _blocks(model):
@@ -171,7 +197,8 @@ def _same_dim_as_tp(param: nn.Parameter) -> Shard:
 
 def check_fsdp_dims(model: nn.Module, dp: int) -> None:
     """ValueError for a TP-sharded parameter whose TP slice FSDP2 cannot split ``dp``
-    ways along the same dimension (it shards a dimension other than 0 only evenly)."""
+    ways (its shard group's size) along the same dimension (it shards a dimension other
+    than 0 only evenly)."""
     for name, param in model.named_parameters():
         if not isinstance(param, DTensor):
             continue

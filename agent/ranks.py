@@ -89,18 +89,34 @@ def placed_config(config: AgentConfig, placement: Placement) -> AgentConfig:
     if config.dp == 0:
         if world % config.tp:
             raise ValueError(f"agent option tp={config.tp} does not divide {who}")
-        return dataclasses.replace(config, dp=world // config.tp)
+        config = dataclasses.replace(config, dp=world // config.tp)
     if config.dp * config.tp != world:
         raise ValueError(
             f"agent options dp={config.dp} x tp={config.tp} = {config.dp * config.tp} "
             f"ranks disagree with {who} (leave dp unset or make them equal)"
         )
-    return config
+    return shard_groups(config, placement.local_world // config.tp)
 
 
 def spawned_config(config: AgentConfig) -> AgentConfig:
-    """``config`` for a site whose ranks ``agent start`` spawns: ``dp`` 0 is 1."""
-    return dataclasses.replace(config, dp=max(1, config.dp))
+    """``config`` for a site whose ranks ``agent start`` spawns: ``dp`` 0 is 1, and all
+    replicas on this host are one HSDP shard group."""
+    config = dataclasses.replace(config, dp=max(1, config.dp))
+    return shard_groups(config, config.dp)
+
+
+def shard_groups(config: AgentConfig, node_replicas: int) -> AgentConfig:
+    """``config`` with HSDP's ``dp_shard`` settled: 0 is the replicas on one node (all of
+    them where the launcher does not say); it must divide ``dp``."""
+    if config.dp_mode != "hsdp":
+        return config
+    shard = config.dp_shard or node_replicas or config.dp
+    if config.dp % shard:
+        raise ValueError(
+            f"agent option dp_shard={shard} does not divide dp={config.dp} (HSDP's shard "
+            "groups split the replicas evenly)"
+        )
+    return dataclasses.replace(config, dp_shard=shard)
 
 
 def needs_ranks(config: AgentConfig) -> bool:
@@ -154,11 +170,13 @@ def init_ranks(
     store: dist.Store,
     *,
     dp: int = 1,
+    dp_shard: int = 0,
     gpu: int | None = None,
     single_host: bool = True,
 ) -> tuple[Ranks, DeviceMesh, torch.device]:
-    """Join the site's process groups; returns the control group, the ("dp", "tp") mesh
-    of ``dp`` replicas of ``world / dp`` TP ranks, and the device.
+    """Join the site's process groups; returns the control group, the mesh of ``dp``
+    replicas of ``world / dp`` TP ranks (HSDP's shard groups of ``dp_shard`` replicas, if
+    given: ``skyfed.agent.parallelize.build_mesh``), and the device.
 
     ``gpu``: the CUDA device index (default: ``rank``, as when this host spawned every rank).
     """
@@ -172,7 +190,7 @@ def init_ranks(
         device = torch.device("cpu")
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-    return Ranks(control, store), build_mesh(device_type, dp, world // dp), device
+    return Ranks(control, store), build_mesh(device_type, dp, world // dp, dp_shard), device
 
 
 def open_store(placement: Placement) -> dist.TCPStore:

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from skyfed.agent.momentum import MomentumCorrection
 from skyfed.agent.parallelize import (
+    HSDP_DIMS,
     check_fsdp_dims,
     data_parallel,
     full_tensor,
@@ -25,6 +26,7 @@ from skyfed.agent.parallelize import (
     parallelize,
     param_groups,
     quiet_redistribute_warnings,
+    replica_of,
     resolve_dp_mode,
 )
 from skyfed.compression import Codec, decode_add_payload, decode_payload
@@ -128,14 +130,15 @@ class LocalTrainer:
     ) -> nn.Module:
         """TP by the task's plan on "tp" (on a mesh of one rank too: a CUDA site's path),
         then data parallelism on "dp"; the module to run forward on."""
-        self.dp, self.dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+        self.dp, self.dp_rank = replica_of(mesh)
         if mesh["tp"].size() > 1 or self.dp == 1:
             parallelize(model, mesh, tp_plan_of(task))
         if self.dp == 1:
             return model
-        self.dp_mode = resolve_dp_mode(dp_mode, model, self.dp, self.device)
-        if self.dp_mode == "fsdp":
-            check_fsdp_dims(model, self.dp)
+        hsdp = HSDP_DIMS[0] in (mesh.mesh_dim_names or ())
+        self.dp_mode = "hsdp" if hsdp else resolve_dp_mode(dp_mode, model, self.dp, self.device)
+        if self.dp_mode in ("fsdp", "hsdp"):
+            check_fsdp_dims(model, mesh[HSDP_DIMS[1]].size() if hsdp else self.dp)
             quiet_redistribute_warnings()
         return data_parallel(model, mesh, self.dp_mode)
 

@@ -1,7 +1,8 @@
 """One rank of a dp x tp site, checked against a 1 x 1 replica (test_tp_ranks,
 test_site_layouts).
 
-``python site_worker.py RANK WORLD DP DP_MODE STORE_PORT TASK OUT_DIR EXCHANGE``: rank 0
+``python site_worker.py RANK WORLD DP DP_MODE STORE_PORT TASK OUT_DIR EXCHANGE`` (DP_MODE
+``hsdp:N``: HSDP with shard groups of N replicas): rank 0
 drives the site and a single-process replica through the same steps and writes what it saw
 to OUT_DIR. EXCHANGE is what the coordinator's welcome would set (``delta`` or
 ``gradient``). Every rank writes its residual keys and its slices' logical coordinates.
@@ -76,7 +77,8 @@ def main(
 ) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore(STORE_HOST, port, is_master=False)
-    group, mesh, device = init_ranks(rank, world, "cpu", store, dp=dp)
+    mode, _, shard = mode.partition(":")  # hsdp:2: HSDP shard groups of 2 replicas
+    group, mesh, device = init_ranks(rank, world, "cpu", store, dp=dp, dp_shard=int(shard or 0))
     made = trainer(task_spec, exchange, mesh=mesh, device=device, dp_mode=mode)
     site = Site(made, group)
     seen: dict = {}

@@ -66,6 +66,20 @@ def test_2x1_ddp_site_is_torch_ddp_and_rank_0_sends_every_tensor_whole(reaped, t
     assert set(owned(records)[0].values()) == {None} and owned(records)[1] == {}
 
 
+def test_4x1_hsdp_site_shards_within_each_group_and_the_first_group_sends(reaped, tmp_path):
+    """Two shard groups of two replicas (two nodes of two GPUs, say): FSDP2 shards within a
+    group and replicates across them; each slice of the first group is sent once."""
+    records = run(tmp_path, reaped, 4, 4, "hsdp:2")
+    lead = records[0]
+    assert records[0]["dp_mode"] == "hsdp"
+    assert lead["digest_before"] and lead["digest_after"]
+    assert lead["max_delta_diff"] < 1e-6, lead["max_delta_diff"]
+    slices = owned(records)
+    assert (slices[0]["fc1.weight"], slices[1]["fc1.weight"]) == ([0, 0, 64], [0, 64, 64])
+    assert slices[2] == {} and slices[3] == {}, "the second group's copies are not sent"
+    assert lead["payloads_per_tensor"] == [2, 2, 2, 2]
+
+
 def test_default_task_on_a_2x2_fsdp_site_under_gradient_exchange(reaped, tmp_path):
     """chargpt: blocks as FSDP units, an embedding TP leaves plain (FSDP shards it on "dp"
     alone: TP rank 0 of each replica sends it), the momentum step slice by slice."""

@@ -132,3 +132,19 @@ def test_agent_start_refuses_a_launch_that_cannot_form_its_site(pki, flags, env,
     result = CliRunner().invoke(agent_cli, argv, env=env)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_hsdp_shards_within_a_node_by_default_and_a_group_must_divide_the_replicas(tmp_path):
+    """Two nodes of four tasks (Slurm says "4(x2)"), TP 2: 4 replicas, 2 on each node, which
+    are HSDP's shard groups unless dp_shard says otherwise."""
+    env = {**SRUN, "SLURM_NTASKS": "8", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}
+    placement = detect("auto", env)
+    assert placement.local_world == 4
+    config = AgentConfig(cloud="aws", certs=tmp_path, tp=2, dp_mode="hsdp")
+    placed = placed_config(config, placement)
+    assert (placed.dp, placed.tp, placed.dp_shard) == (4, 2, 2)
+    config.dp_shard = 3
+    with pytest.raises(ValueError, match="dp_shard=3 does not divide dp=4"):
+        placed_config(config, placement)
+    torchrun = {**TORCHRUN, "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    assert detect("auto", torchrun).local_world == 4
