@@ -118,3 +118,19 @@ def test_a_reason_that_is_not_one_printable_line_is_refused(serve, raw_agent):
     gcp.send(leave=pb.Leave(reason="two\nlines"))
     code, details = gcp.ended()
     assert code.name == "INVALID_ARGUMENT" and "leave.reason" in details
+
+
+def test_the_agents_table_says_why_a_site_went_down(serve, raw_agent, pki):
+    from rich.console import Console
+
+    from skyfed.coordinator.admin import agents_table, fetch_snapshot
+
+    running = serve(probe_port=-1)
+    gcp = raw_agent(running.port, "gcp-1")
+    join(gcp, "gcp", "gcp-1")
+    gcp.send(leave=pb.Leave(reason="rank 1 (dp 1, tp 0) on node-a killed by SIGKILL"))
+    gcp.ended()
+    snap = fetch_snapshot(f"localhost:{running.port}", pki.directory, "coordinator")
+    console = Console(width=120, record=True)
+    console.print(agents_table(snap))
+    assert "gcp-1: rank 1 (dp 1, tp 0) on node-a killed by SIGKILL" in console.export_text()
