@@ -132,3 +132,11 @@ def test_an_agent_on_cpu_reports_no_gpus_and_says_so_once(serve, reaped, pki, tm
     assert log.count("[Agent.GPU]") == 1 and "no GPU telemetry" in log
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
     assert json.loads((tmp_path / "aws.json").read_text())["gpus"] == []
+
+
+def test_a_reading_crosses_ranks_as_the_control_group_sends_it():
+    """Readings reach rank 0 pickled, with each round's losses (``Site.train``)."""
+    import pickle
+
+    got = reading(3, 71.0)
+    assert pickle.loads(pickle.dumps(got)) == got
