@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -28,7 +27,9 @@ def main() -> None:
 )
 @click.option("--cloud", help="This site's cloud (aws, gcp, azure, ...).")
 @click.option("--name", help="Agent name (default <cloud>-1).")
-@click.option("--coordinator", help="Coordinator HOST:PORT.")
+@click.option(
+    "--coordinator", help="Coordinator HOST:PORT; replicas: HOST:PORT,HOST:PORT,... (failover.md)."
+)
 @click.option(
     "--certs", type=click.Path(path_type=Path), help="certs directory (ca.crt, <name>.crt/.key)."
 )
@@ -111,14 +112,14 @@ def start(
     setup_logging(log_level, who=config.name, fmt=log_format)
     if placement is not None and placement.rank > 0:
         logging.getLogger().setLevel(logging.ERROR)  # only the site's rank 0 logs more
-    from skyfed.agent.launch import PROGRESS_ENV, run
+    from skyfed.agent.launch import PROGRESS_ENV, exit_on_sigterm, run
     from skyfed.netinfo import log_congestion_control, target_host
 
-    log_congestion_control(target_host(config.coordinator), "agent")
+    log_congestion_control(target_host(config.coordinators[0]), "agent")
 
     progress = not no_progress and log_format != "json"
     os.environ[PROGRESS_ENV] = "1" if progress else "0"
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
+    exit_on_sigterm()  # non-zero unless the federation finished
     sys.exit(run(config, log_level, progress))
 
 

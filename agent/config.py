@@ -23,7 +23,10 @@ class AgentConfig:
     name: str = ""
     """This agent's name (default ``<cloud>-1``); must match the certificate."""
     coordinator: str = "localhost:7443"
-    """Coordinator address, HOST:PORT."""
+    """Coordinator address, HOST:PORT; with replicas, each one's, comma-separated
+    (``a:7443,b:7443,c:7443``): a session that ends tries the next, and the address a
+    standby names first (docs/failover.md). One DNS name with several addresses works too
+    when every replica's certificate names it."""
     certs: Path | None = None
     """A ``certs`` directory: ca.crt, <name>.crt, <name>.key. Explicit paths win."""
     ca: Path | None = None
@@ -109,6 +112,11 @@ class AgentConfig:
         """The site's ranks, ``dp x tp`` (``dp`` 0 counts as 1 until a launcher sets it)."""
         return max(1, self.dp) * self.tp
 
+    @property
+    def coordinators(self) -> list[str]:
+        """Every coordinator replica's HOST:PORT, in the order given."""
+        return [a.strip() for a in self.coordinator.split(",") if a.strip()]
+
     def __post_init__(self) -> None:
         if not self.name:
             self.name = f"{self.cloud}-1"
@@ -125,7 +133,7 @@ class AgentConfig:
             (0 <= self.shard < self.num_shards, "shard", f"in 0..{self.num_shards - 1}"),
             (self.reconnect_initial_s > 0, "reconnect_initial_s", "> 0"),
             (self.reconnect_max_s >= self.reconnect_initial_s, "reconnect_max_s", ">= initial"),
-            (":" in self.coordinator, "coordinator", "HOST:PORT"),
+            (all(":" in a for a in self.coordinators), "coordinator", "HOST:PORT[,HOST:PORT...]"),
             (self.threads >= 1, "threads", ">= 1"),
             (1 <= self.max_streams <= 64, "max_streams", "in 1..64"),
             (self.device in DEVICES, "device", " or ".join(DEVICES)),

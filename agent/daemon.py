@@ -12,6 +12,7 @@ import grpc
 
 from skyfed.agent import failure
 from skyfed.agent.config import AgentConfig
+from skyfed.agent.leader import Replicas
 from skyfed.agent.link import Link, LinkClosed, open_channel
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
@@ -108,6 +109,8 @@ class Agent:
         # critical path"): the weights hash while the next local steps run, and
         # the check is made before anything leaves or changes from them.
         self._unverified: RoundEnd | None = None
+        self.replicas = Replicas(config.coordinators)
+        """The coordinator replicas' addresses: the next session dials ``current``."""
 
     @property
     def connected(self) -> bool:
@@ -130,7 +133,14 @@ class Agent:
             except LinkClosed as exc:
                 if exc.code in FATAL_CODES:
                     raise
-                log.warning("[Agent.Link] session ended (%s); reconnecting in %.1fs", exc, delay)
+                if self._follow(exc):
+                    delay = self.config.reconnect_initial_s  # a named leader: dialled soon
+                log.warning(
+                    "[Agent.Link] session ended (%s); dialling %s in %.1fs",
+                    exc,
+                    self.replicas.current,
+                    delay,
+                )
             except Resync as exc:
                 log.warning("[Agent.Resync] %s", exc)
                 self.last_round = -1
@@ -147,6 +157,15 @@ class Agent:
     def stop(self) -> None:
         self._stopping = True
 
+    def _follow(self, closed: LinkClosed) -> bool:
+        """Pick the replica the next session dials: the leader a standby named, or the
+        next one (docs/failover.md). True when a leader was named."""
+        was = self.replicas.current
+        named = self.replicas.failed(closed.leader)
+        if self.replicas.current != was:
+            log.info("[Agent.Leader] %s -> %s", was, self.replicas.current)
+        return named
+
     def _session(self) -> None:
         self._connected = False
         # An aggregate half received on the last session never ends: the coordinator
@@ -155,11 +174,12 @@ class Agent:
         # the coordinator sends its weights where they differ.
         self._agg, self._agg_datas = None, {}
         self._unverified = None
-        channel = open_channel(self.config)
+        address = self.replicas.current
+        channel = open_channel(self.config, address)
         link = Link(
             channel,
-            coordinator=self.config.coordinator,
-            dial=lambda: open_channel(self.config, own_connection=True),
+            coordinator=address,
+            dial=lambda: open_channel(self.config, address, own_connection=True),
             max_held_bytes=sum(max_payload_bytes(self.spec)) + MERGE_SLACK_BYTES,
         )
         try:
@@ -216,7 +236,7 @@ class Agent:
             local_steps=self.config.local_steps,
             # The N policy reads it: Mathis's cap bounds a stream only where an end's
             # congestion control backs off on random loss (coordinator/streams.py).
-            congestion_control=congestion_control(target_host(self.config.coordinator)).name,
+            congestion_control=congestion_control(target_host(self.replicas.current)).name,
         )
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)

@@ -48,6 +48,16 @@ log = logging.getLogger(__name__)
 EXIT_REFUSED = 3
 EXIT_NO_SESSION = 4
 EXIT_SITE_DOWN = failure.EXIT_SITE_DOWN
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""SIGTERM before the federation finished (a node drain, a spot loss): a failure to the
+supervisor, never a success that completes a Kubernetes Job (docs/operations.md)."""
+
+
+def exit_on_sigterm(code: int = EXIT_TERMINATED) -> None:
+    """On SIGTERM, exit with ``code``; the exit unwinds, so streams close and ranks are reaped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(code))
+
+
 # Set by ``agent start`` so rank 0 of a tp > 1 site prints its rounds too.
 PROGRESS_ENV = "SKYFED_AGENT_PROGRESS"
 
@@ -106,6 +116,7 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     try:
         site.restore()
         agent.run()
+        exit_on_sigterm(0)  # finished: a SIGTERM from here on ends a finished site
     except LinkClosed as exc:
         click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
         return EXIT_REFUSED
@@ -224,7 +235,7 @@ def serve_rank(
     with ``EXIT_SITE_DOWN`` (``skyfed.agent.failure``)."""
     torch.set_num_threads(config.threads)
     if rank == 0:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
+        exit_on_sigterm()  # unwinds: the stream closes
     try:
         group, mesh, device = init_ranks(
             rank,
@@ -288,15 +299,15 @@ def _trainer(
         local_steps=config.local_steps,
         mesh=mesh,
         device=device,
-        data_seed=data_seed(config),
+        data_seed=data_seed(config.seed, config.name, config.num_shards),
         dp_mode=config.dp_mode,
     )
 
 
-def data_seed(config: AgentConfig) -> int | None:
+def data_seed(seed: int, name: str, num_shards: int) -> int | None:
     """With one shard (the default) each site draws its own windows of the whole data,
     seeded by ``seed`` and its name: sites started from the same recipe no longer train
     on identical batches. With ``num_shards > 1`` the shards keep them apart."""
-    if config.num_shards > 1:
+    if num_shards > 1:
         return None
-    return config.seed * 1000 + zlib.crc32(config.name.encode()) % 1_000_000 + 1
+    return seed * 1000 + zlib.crc32(name.encode()) % 1_000_000 + 1

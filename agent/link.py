@@ -22,6 +22,7 @@ from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
+from skyfed.validate import printable
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -44,18 +45,36 @@ DEFAULT_MAX_HELD_BYTES = 256 << 20
 
 
 class LinkClosed(Exception):
-    """The stream ended; ``code`` is the gRPC status (OK when the coordinator ended it)."""
+    """The stream ended; ``code`` is the gRPC status (OK when the coordinator ended it).
+    ``details`` come from the other end: escaped, as every line that shows them.
+    ``leader``: the HOST:PORT a standby coordinator replica named as the leader's."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, leader: str = "") -> None:
+        details = printable(details)
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+        self.leader = leader
 
 
 @dataclass(frozen=True)
 class _End:
     code: grpc.StatusCode
     details: str
+    leader: str = ""
+
+
+MAX_LEADER_CHARS = 300
+"""A named leader's HOST:PORT is bounded like every peer string."""
+
+
+def named_leader(error: grpc.RpcError) -> str:
+    """The leader's HOST:PORT a standby replica put in its refusal's trailing metadata."""
+    metadata = error.trailing_metadata() if isinstance(error, grpc.Call) else None
+    for key, value in metadata or ():
+        if key == serde.LEADER_METADATA and isinstance(value, str) and ":" in value:
+            return value[:MAX_LEADER_CHARS]
+    return ""
 
 
 def channel_credentials(config: AgentConfig) -> grpc.ChannelCredentials:
@@ -67,10 +86,13 @@ def channel_credentials(config: AgentConfig) -> grpc.ChannelCredentials:
     )
 
 
-def open_channel(config: AgentConfig, *, own_connection: bool = False) -> grpc.Channel:
-    """A TLS channel to the coordinator. ``own_connection``: on a TCP connection of its
-    own, even next to another channel to the same target with the same arguments (gRPC
-    shares one between such channels by default): a stripe of a session."""
+def open_channel(
+    config: AgentConfig, address: str | None = None, *, own_connection: bool = False
+) -> grpc.Channel:
+    """A TLS channel to the coordinator at ``address`` (default: the first configured).
+    ``own_connection``: on a TCP connection of its own, even next to another channel to
+    the same target with the same arguments (gRPC shares one between such channels by
+    default): a stripe of a session."""
     options = [
         ("grpc.max_receive_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.max_send_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
@@ -84,7 +106,8 @@ def open_channel(config: AgentConfig, *, own_connection: bool = False) -> grpc.C
         options.append(("grpc.ssl_target_name_override", config.server_name))
     if own_connection:
         options.append(("grpc.use_local_subchannel_pool", 1))
-    return grpc.secure_channel(config.coordinator, channel_credentials(config), options=options)
+    target = address or config.coordinators[0]
+    return grpc.secure_channel(target, channel_credentials(config), options=options)
 
 
 class Link:
@@ -170,7 +193,7 @@ class Link:
             return None
         if isinstance(item, _End):
             self._inbox.put(item)  # stay closed for later calls
-            raise LinkClosed(item.code, item.details)
+            raise LinkClosed(item.code, item.details, item.leader)
         return item
 
     def drain(self, timeout: float) -> None:
@@ -206,7 +229,7 @@ class Link:
                 self._merge.add(message.order, message, message.ByteSize())
             self._inbox.put(_End(grpc.StatusCode.OK, "the coordinator ended the session"))
         except grpc.RpcError as exc:
-            self._inbox.put(_End(exc.code(), exc.details() or ""))
+            self._inbox.put(_End(exc.code(), exc.details() or "", named_leader(exc)))
         except Exception as exc:  # a stream this agent cannot follow: end the session
             log.warning("[Agent.Link] %s", exc)
             self._fail(grpc.StatusCode.INTERNAL, str(exc))

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import torch
 
 from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, decode_payload
-from skyfed.feedback_encode import encode_in_place
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload, ShardCoords, shard_shape
 
@@ -47,7 +46,7 @@ class Uplink:
     ) -> Iterator[Payload]:
         """Payloads for the owned slices (``delta[i]`` not None), less empty shards, each
         as soon as it is encoded (docs/scale.md, Streams); error feedback in the residuals'
-        own memory (``skyfed/feedback_encode.py``). ``delta``'s entries are let go as they
+        own memory (``ErrorFeedback.encode``). ``delta``'s entries are let go as they
         are taken, so each slice's memory can go once it is encoded; the caller must
         exhaust the iterator (every residual is then updated)."""
         owned = {
@@ -63,7 +62,7 @@ class Uplink:
                 yield key, d
 
         encoded = self._unacked[round] = {}
-        for key, data in encode_in_place(self.feedback, codec, tensors()):
+        for key, data in self.feedback.encode(codec, tensors()):
             encoded[key] = data
             yield Payload(owned[key], self.shards[owned[key]], codec.name, data)
 

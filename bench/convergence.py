@@ -185,7 +185,7 @@ class Exchange:
         if not self.feedback:
             payloads = {k: codec.encode(g) for k, g in tensors.items()}
         else:
-            payloads = {k: p for k, (p, _) in ef.encode_all(codec, tensors).items()}
+            payloads = dict(ef.encode(codec, tensors.items()))
         sent = sum(len(p) for p in payloads.values())
         framing = sum(framing_bytes(p) for p in payloads.values())
         decoded = {k: decode_payload(p, shape=tensors[k].shape) for k, p in payloads.items()}

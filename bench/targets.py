@@ -371,10 +371,10 @@ def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
             cells = ""
             total = 0
             for each in (codec, codec.for_downlink(sizes.sites)):
-                sent = ErrorFeedback().encode_all(each, delta)
-                size = sum(len(p) for p, _ in sent.values())
-                framing = sum(framing_bytes(p) for p, _ in sent.values())
-                indices = sum(_index_bytes(p) for p, _ in sent.values())
+                sent = dict(ErrorFeedback().encode(each, delta.items()))
+                size = sum(len(p) for p in sent.values())
+                framing = sum(framing_bytes(p) for p in sent.values())
+                indices = sum(_index_bytes(p) for p in sent.values())
                 cells += f"{size:>8}{framing:>9}{indices:>9}"
                 total += size
             print(f"{label_:<22}{cells}{2 * raw / total:>7.1f}x")

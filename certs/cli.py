@@ -13,7 +13,7 @@ import click
 
 from .authority import AuthorityError, CertificateAuthority, IssuedCertificate
 from .describe import describe, format_serial, format_time, load_material
-from .identity import IdentityError
+from .identity import COORDINATOR_NAME, IdentityError, replica_name, validate_name
 from .revocation import RevocationError
 
 DEFAULT_DIR = "certs"
@@ -120,6 +120,11 @@ def issue_admin(directory: Path, name: str, days: int, replace: bool) -> None:
 @_dir_option
 @click.option("--name", default="coordinator", show_default=True)
 @click.option(
+    "--replica",
+    help="A coordinator replica's name (docs/failover.md): issues coordinator-REPLICA, "
+    "its own key under the coordinator role.",
+)
+@click.option(
     "--host",
     "hosts",
     multiple=True,
@@ -128,9 +133,18 @@ def issue_admin(directory: Path, name: str, days: int, replace: bool) -> None:
 @_days_option(365)
 @_replace_option
 def issue_coordinator(
-    directory: Path, name: str, hosts: Sequence[str], days: int, replace: bool
+    directory: Path,
+    name: str,
+    replica: str | None,
+    hosts: Sequence[str],
+    days: int,
+    replace: bool,
 ) -> None:
-    """Issue the coordinator's server-and-client certificate."""
+    """Issue the coordinator's server-and-client certificate (one per replica)."""
+    if replica is not None:
+        if name != COORDINATOR_NAME:
+            raise CertsError("give --name or --replica, not both")
+        name = replica_name(validate_name("replica", replica))
     ca = CertificateAuthority.open(directory)
     hosts = hosts or ("localhost", "127.0.0.1")
     _echo_issued(ca.issue_coordinator(name, hosts, days=days, replace=replace))
@@ -230,18 +244,42 @@ def _echo_table(rows: list[dict[str, object]]) -> None:
 @cli.command("k8s-secret")
 @_dir_option
 @click.argument("name")
+@click.argument("more", nargs=-1)
 @click.option("--namespace", default="skyfed", show_default=True)
 @click.option("--secret-name", help="Secret's name  [default: skyfed-certs-NAME]")
-def k8s_secret(directory: Path, name: str, namespace: str, secret_name: str | None) -> None:
+def k8s_secret(
+    directory: Path, name: str, more: tuple[str, ...], namespace: str, secret_name: str | None
+) -> None:
     """Print NAME's certificates as a Kubernetes Secret (JSON) for `kubectl apply -f -`.
 
-    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key.
+    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key. Several
+    names (coordinator replicas of one StatefulSet) share one Secret: give --secret-name.
     """
     from .kubernetes import secret_manifest
 
     ca = CertificateAuthority.open(directory)
-    manifest = secret_manifest(ca, name, secret_name=secret_name, namespace=namespace)
+    manifest = secret_manifest(ca, name, *more, secret_name=secret_name, namespace=namespace)
     click.echo(json.dumps(manifest, indent=2))
+
+
+@cli.command()
+@_dir_option
+@click.argument("name")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory to write NAME's --certs files into.",
+)
+def bundle(directory: Path, name: str, out: Path) -> None:
+    """Copy what NAME mounts as its --certs directory into OUT.
+
+    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key.
+    """
+    from .bundle import write_bundle
+
+    for path in write_bundle(CertificateAuthority.open(directory), name, out):
+        click.echo(f"  {path}")
 
 
 def main() -> None:

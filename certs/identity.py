@@ -14,12 +14,20 @@ ROLES = ("agent", "coordinator", "admin")
 # seed are keyed by it, so no agent or operator may take it.
 COORDINATOR_NAME = "coordinator"
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+REPLICA_PREFIX = f"{COORDINATOR_NAME}-"
+"""A coordinator replica's name is ``coordinator-<replica>`` (docs/failover.md): reserved,
+like ``coordinator``, for the coordinator role."""
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _MAX_DNS_NAME = 253
 
 
 class IdentityError(ValueError):
     """A name, trust domain, URI or certificate that is not a valid skyfed identity."""
+
+
+def replica_name(replica: str) -> str:
+    """The identity name of coordinator replica ``replica``: ``coordinator-<replica>``."""
+    return REPLICA_PREFIX + replica
 
 
 def is_dns_name(text: str) -> bool:
@@ -66,7 +74,9 @@ class Identity:
         if self.role not in ROLES:
             raise IdentityError(f"invalid role {self.role!r}: expected one of {ROLES}")
         validate_name("name", self.name)
-        if self.role != "coordinator" and self.name == COORDINATOR_NAME:
+        if self.role != "coordinator" and (
+            self.name == COORDINATOR_NAME or self.name.startswith(REPLICA_PREFIX)
+        ):
             raise IdentityError(
                 f"invalid name {self.name!r}: reserved for the coordinator; pick another"
             )

@@ -1,9 +1,34 @@
-"""Error-feedback residuals: what a lossy codec did not send yet, kept per tensor shard."""
+"""Error-feedback residuals: what a lossy codec did not send yet, kept per tensor shard,
+and the one encoder that keeps them (every sender's: the agents' uplinks, the
+coordinator's downlink).
+
+``p = g + e; c = C(p); e = p - D(c)``, worked in the residual's own memory, tensor by
+tensor, with at most one tensor-sized temporary (docs/scale.md): codecs whose input is
+sent element by element (FP16/BF16/FP32) fuse ``p = g + e`` and ``e' = p - D(c)`` into
+``e``'s memory (``Codec.encode_with_feedback(g, e)``) one tensor at a time, so payloads
+can leave while later tensors are encoded; codecs that plan across the set (Top-k's one
+threshold) get every ``p`` built in its residual's memory first, and ``e'`` written over
+it (``Codec.encode_into_residual``). What was sent stays encoded: decode the payload if it
+must be credited back.
+
+A codec that sends all of its input (:attr:`Codec.bounded_release`: FP16/BF16/FP32) takes
+at most ``|g|`` of the residual per round (L2, per tensor): after a Top-k phase the
+residual holds many rounds of delayed updates, and a link that switched to FP16 sent them
+in one step and spiked the loss (2.51 -> 2.85 held-out, ``bench/adaptive.py``, gradient
+exchange). Held work is delayed, not lost. A residual no larger than ``g`` (FP16's own
+rounding error) goes whole; a tensor whose update is exactly zero holds its residual until
+it moves again.
+
+Payloads are ``memoryview``s into new memory per encode (:meth:`ErrorFeedback.buffer`),
+which lives as long as the payload does: kept per key from round to round it held half
+the model at each end with FP16; numpy's fresh memory (huge pages) costs 8-13 % of the
+encode (docs/scale.md).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -11,30 +36,6 @@ import torch
 from skyfed.compression.base import Codec
 from skyfed.compression.frame import PayloadBuffer
 from skyfed.compression.norms import squared_norm
-
-
-def released(
-    codec: Codec, g: torch.Tensor, residual: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(p, held)``: what ``codec`` encodes this round, ``g`` plus (some of) the residual,
-    and the part of the residual that waits (None: none).
-
-    The textbook rule adds the whole residual. A codec that sends all of its input
-    (:attr:`Codec.bounded_release`: FP16/BF16/FP32) takes at most ``|g|`` of it per round
-    (L2, per tensor): after a Top-k phase the residual holds many rounds of delayed
-    updates, and a link that switched to FP16 sent them in one step and spiked the loss
-    (2.51 -> 2.85 held-out, ``bench/adaptive.py``, gradient exchange). Held work is delayed,
-    not lost. A residual no larger than ``g`` (FP16's own rounding error) goes whole; a
-    tensor whose update is exactly zero holds its residual until it moves again.
-    """
-    if residual is None:
-        return g, None
-    if not codec.bounded_release:
-        return g + residual, None
-    share = release_share(g, residual)
-    if share is None:
-        return g + residual, None
-    return g + residual * share, residual * (1.0 - share)
 
 
 def release_share(g: torch.Tensor, residual: torch.Tensor) -> float | None:
@@ -60,30 +61,74 @@ class ErrorFeedback:
     """Where payload memory comes from (``PayloadBuffer``'s ``memory``): the coordinator's
     pool, which keeps it mapped between rounds; None: new numpy memory per encode."""
 
-    def encode(self, key: str, codec: Codec, g: torch.Tensor) -> tuple[bytes, torch.Tensor]:
-        """Encode ``g`` plus the key's residual; return the payload and what it sends, ``D(c)``.
+    def encode(
+        self,
+        codec: Codec,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        borrowed: bool = False,
+        applied_to: Mapping[str, torch.Tensor] | None = None,
+        alpha: float = 1.0,
+    ) -> Iterator[tuple[str, bytes]]:
+        """``(key, payload)`` for each ``(key, g)`` of ``tensors`` (in their order), the
+        residuals updated. Each ``g`` is only read; a residual's memory is reused for
+        ``p`` and ``e'``. Lazy: each payload is encoded when it is asked for, and
+        ``tensors`` is read as it is needed, so it may be a generator; exhaust it (every
+        residual is then updated). A ``g`` with no residual yet is copied (``e'`` is
+        written over ``p``), so ``borrowed`` (each ``g``'s memory is reused for the next
+        one) needs nothing more and is accepted for callers that say it. With
+        ``applied_to``, each payload is also added decoded, ``alpha`` times, into that
+        key's tensor (:meth:`Codec.encode_into_residual_applied`: the sender's own apply,
+        from what the encoder has in hand) before it is yielded."""
+        if codec.bounded_release and type(codec).plan is Codec.plan:
+            for key, g in tensors:
+                payload = self._bounded(codec, key, g)
+                if applied_to is not None:
+                    codec.decode_add(payload, applied_to[key], alpha)
+                yield key, payload
+            return
+        residuals = self.residuals
+        # A codec that sums p = e + g in its selection's first pass gets e and g apart, when
+        # each g stays the caller's until its payload is made (not borrowed).
+        fuse = codec.sums_in_encode and not borrowed and applied_to is None
+        pending: dict[str, torch.Tensor] = {}
+        adds: dict[str, torch.Tensor] = {}
+        for key, g in tensors:
+            e = residuals.get(key)
+            if e is None:  # e' will be written over p: never over the caller's g
+                pending[key] = torch.empty(g.shape).copy_(g)
+            elif fuse and _summable(e, g):
+                pending[key], adds[key] = e, g
+            else:
+                pending[key] = e.add_(g)  # p = e + g, in the residual's memory
+        for key, each in codec.plan(pending, adds or None).items():
+            p = pending.pop(key)
+            if key in adds:  # p = e + g and e' both in e's memory, in the codec's passes
+                g = adds.pop(key)
+                payload, residuals[key] = each.encode_with_feedback(g, p, out=self.buffer(key))
+                yield key, payload
+                continue
+            if applied_to is None:
+                payload = each.encode_into_residual(p, out=self.buffer(key))  # e' in p
+            else:
+                acc = applied_to[key]
+                payload = each.encode_into_residual_applied(p, acc, alpha, out=self.buffer(key))
+            residuals[key] = p
+            yield key, payload
 
-        If the payload is never counted (a late or refused contribution), :meth:`credit` the
-        returned ``sent`` back, so the work is delayed, not lost.
-        """
-        return self.encode_all(codec, {key: g})[key]
-
-    def encode_all(
-        self, codec: Codec, tensors: dict[str, torch.Tensor]
-    ) -> dict[str, tuple[bytes, torch.Tensor]]:
-        """:meth:`encode` for a set of tensors that travel together, so the codec can plan
-        across them (Top-k: one threshold for the set, :meth:`Codec.plan`)."""
-        pending, held = {}, {}
-        for key, g in tensors.items():
-            pending[key], held[key] = released(codec, g, self.residuals.get(key))
-        out = {}
-        for key, each in codec.plan(pending).items():
-            p = pending[key]
-            payload, residual = each.encode_with_feedback(p, None)
-            kept = held[key]
-            self.residuals[key] = residual if kept is None else residual + kept
-            out[key] = (payload, p - residual)
-        return out
+    def _bounded(self, codec: Codec, key: str, g: torch.Tensor) -> bytes:
+        """One tensor of a codec that sends all of its input: at most ``|g|`` of the
+        residual goes with it (see the module docstring), the rest is held."""
+        e = self.residuals.get(key)
+        held = None
+        if e is not None:
+            share = release_share(g, e)
+            if share is not None:
+                held = e * (1.0 - share)
+                e.mul_(share)
+        payload, residual = codec.encode_with_feedback(g, e, out=self.buffer(key))
+        self.residuals[key] = residual if held is None else residual.add_(held)
+        return payload
 
     def buffer(self, key: str) -> PayloadBuffer:
         """The key's payload memory for its next encode: new memory each time (from
@@ -107,3 +152,14 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Replace every residual by a copy of ``state``'s."""
         self.residuals = {k: v.clone() for k, v in state.items()}
+
+
+def _summable(e: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether ``e += g`` can be left to the codec's pass: both contiguous float32 of one
+    shape (the codec then writes ``e'`` in ``e``'s own memory)."""
+    return (
+        e.shape == g.shape
+        and e.dtype == g.dtype == torch.float32
+        and e.is_contiguous()
+        and g.is_contiguous()
+    )

@@ -76,7 +76,7 @@ class PayloadBuffer:
     payload encoded into a buffer is a ``memoryview`` over it, valid until the next encode
     into the same buffer; keep one buffer per tensor (like its error-feedback residual),
     or ``bytes(payload)`` to keep it, or call :meth:`renew_if_held` before each encode
-    (what the federation's senders do, ``skyfed/feedback_encode.py``).
+    (what the federation's senders do, ``ErrorFeedback.encode``).
     """
 
     def __init__(self, memory: Callable[[int], memoryview] | None = None) -> None:

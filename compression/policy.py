@@ -415,12 +415,12 @@ def profile_codecs(
         enc = dec = math.inf
         for _ in range(repeats):
             t0 = time.perf_counter()
-            sent = ErrorFeedback().encode_all(codec, tensors)
+            sent = dict(ErrorFeedback().encode(codec, tensors.items()))
             t1 = time.perf_counter()
-            for key, (payload, _) in sent.items():
+            for key, payload in sent.items():
                 decode_add_payload(payload, accumulators[key])  # as the coordinator does
             t2 = time.perf_counter()
             enc, dec = min(enc, t1 - t0), min(dec, t2 - t1)
-        payload_bytes = sum(len(payload) for payload, _ in sent.values())  # same every repeat
+        payload_bytes = sum(len(payload) for payload in sent.values())  # same every repeat
         out[name] = CodecProfile(name, raw_bytes / payload_bytes, enc, dec, payload_bytes)
     return out

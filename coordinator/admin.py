@@ -17,8 +17,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from skyfed.coordinator.snapshot import to_data
-from skyfed.coordinator.status import Status
+from skyfed.coordinator.snapshot import run_wall_s, to_data
+from skyfed.coordinator.status import ReplicaSet, Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
@@ -41,8 +41,49 @@ def fetch_status(
     return serde.status_from_proto(reply)
 
 
+def fetch_leader_status(
+    addresses: list[str], certs: Path, name: str, timeout_s: float = 5.0, windows: bool = False
+) -> Status:
+    """The status of the first of ``addresses`` that answers; when that is a standby
+    replica's (docs/failover.md), the leader's it names instead, if it answers too."""
+    failure: grpc.RpcError | None = None
+    for address in addresses:
+        try:
+            status = fetch_status(address, certs, name, timeout_s, windows)
+        except grpc.RpcError as exc:
+            failure = exc
+            continue
+        replicas = status.replicas
+        if replicas is None or replicas.leading or not replicas.leader_address:
+            return status
+        try:
+            return fetch_status(replicas.leader_address, certs, name, timeout_s, windows)
+        except grpc.RpcError:
+            return status  # the standby's view: it names a leader that does not answer
+    assert failure is not None
+    raise failure
+
+
 def fetch_snapshot(address: str, certs: Path, name: str, timeout_s: float = 5.0) -> Snapshot:
-    return to_data(fetch_status(address, certs, name, timeout_s))
+    return to_data(fetch_leader_status(address.split(","), certs, name, timeout_s))
+
+
+def replicas_table(replicas: ReplicaSet) -> Table:
+    """One row per coordinator replica: which leads, in which term (docs/failover.md)."""
+    leader = replicas.leader or "none known"
+    table = Table(
+        title=f"replicas  term {replicas.term}  leader {leader}  (answered by {replicas.replica})",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col in ("replica", "address", "role"):
+        table.add_column(col, no_wrap=True)
+    names = {m.name for m in replicas.members}
+    for m in replicas.members:
+        table.add_row(m.name, m.address, "leader" if m.name == replicas.leader else "standby")
+    if replicas.leader and replicas.leader not in names:
+        table.add_row(replicas.leader, replicas.leader_address, "leader (no live lease seen)")
+    return table
 
 
 def agents_table(snap: Snapshot) -> Table:
@@ -112,9 +153,11 @@ def efficiency_table(reply: Status) -> Table | None:
     return table
 
 
-def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summary") -> Table:
-    """The end-of-run figures: time split, bytes saved, training and held-out loss."""
+def summary_table(snap: Snapshot, title: str = "skyfed run summary") -> Table:
+    """The end-of-run figures: time split, bytes saved, training and held-out loss; its
+    wall time is the run report's (:func:`~skyfed.coordinator.snapshot.run_wall_s`)."""
     rounds = list(snap["rounds"])
+    wall_s = run_wall_s(rounds)
     n = max(1, len(rounds))
     round_s = sum(r["duration_s"] for r in rounds) / n
     train_s = sum(r["train_s"] for r in rounds) / n
@@ -151,11 +194,22 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
     return table
 
 
+PIPED_WIDTH = 1000
+"""Columns of ``coordinator status`` into a pipe or a file: every row whole (a table is
+as wide as its cells, not this), where a terminal's width would cut them."""
+
+
 def render_status(reply: Status) -> None:
     from skyfed.coordinator.progress import headline  # the live view's first line
 
     snap = to_data(reply)
     console = Console()
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
+    if reply.replicas is not None:
+        console.print(replicas_table(reply.replicas))
+        if not reply.replicas.leading:  # a standby's answer: it holds no round
+            return
     console.print(headline(snap), agents_table(snap))
     links = efficiency_table(reply)
     if links is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from skyfed.certs.identity import Identity
-from skyfed.compression import frame, make_codec
+from skyfed.compression import frame
 from skyfed.errors import (
     IdentityMismatchError,
     ModelMismatchError,
@@ -53,6 +53,10 @@ class Admission:
 
     def __init__(self, fed: Federation) -> None:
         self.fed = fed
+        self.sessions: dict[str, Session] = {}
+        """The members' live sessions, by identity URI."""
+        self.revoked: dict[str, Session] = {}
+        """Sessions ended by revocation, kept for status (state ``revoked``)."""
         self.down: dict[str, Session] = {}
         """Sites that went down saying why (``Leave``), kept for status (state ``down``,
         their ``last_error``) until they are back."""
@@ -67,10 +71,10 @@ class Admission:
                 f"hello claims cloud={hello.cloud!r} name={hello.name!r} but the certificate "
                 f"says cloud={ident.cloud!r} name={ident.name!r}"
             )
-        if hello.tensors != fed.spec:
+        if hello.tensors != fed.model.spec:
             raise ModelMismatchError(
                 f"model fingerprint differs from the federation's ({fed.config.task}, "
-                f"{fed.digest}): {describe_mismatch(fed.spec, hello.tensors)}"
+                f"{fed.model.spec_digest}): {describe_mismatch(fed.model.spec, hello.tensors)}"
             )
         digest = hello.weights_digest
         if digest and not is_weights_digest(digest):  # resyncing would never match
@@ -102,7 +106,7 @@ class Admission:
             session.local_steps = hello.local_steps
             if hello.congestion_control:  # an agent from before the field says nothing
                 session.agent_cc = CongestionControl(name=hello.congestion_control, source="agent")
-            fed.links.open(session, fed.round)
+            fed.links.open(session, fed.model.round)
             session.tp = max(1, hello.tp)
             session.dp = hello.dp
             was_down = self.down.pop(session.key, None)
@@ -113,27 +117,27 @@ class Admission:
                 )
             self._offer_stripes(session, hello)
             behind = (
-                fed.finished  # the final weights follow, and tell it to stop
-                or hello.last_round != fed.round - 1
-                or hello.weights_digest != fed.weights_digest
+                fed.rounds.finished  # the final weights follow, and tell it to stop
+                or hello.last_round != fed.model.round - 1
+                or hello.weights_digest != fed.model.weights_digest
             )
-            fed.sessions[session.key] = session
+            self.sessions[session.key] = session
             session.state = "syncing" if behind else "idle"
             session.send(self._welcome(session, behind))
             if behind:
                 for message in self.weights_messages():
                     session.send(message)
-            if fed.finished:
-                fed.final_delivered.add(session.key)
+            if fed.rounds.finished:
+                fed.rounds.final_delivered.add(session.key)
             session.state = "idle"
             log.info(
                 "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s dp=%d "
                 "tp=%d local_steps=%d cc=%s agent_cc=%s",
                 session.identity.uri,
-                fed.round,
+                fed.model.round,
                 behind,
                 session.codec,
-                fed.links.codec_params(session, fed.round) or "{}",
+                fed.links.codec_params(session, fed.model.round) or "{}",
                 session.dp,
                 session.tp,
                 session.local_steps,
@@ -143,7 +147,7 @@ class Admission:
             fed.cond.notify_all()
 
     def _replace_existing(self, session: Session) -> None:
-        old = self.fed.sessions.get(session.key)
+        old = self.sessions.get(session.key)
         if old is not None and old is not session:
             self.forget(old)
             old.close(grpc.StatusCode.ABORTED, "replaced by a newer session of the same identity")
@@ -164,12 +168,12 @@ class Admission:
     def stripe(self, identity: Identity, token: bytes) -> Session:
         """The live session a Stripe call joins: its certificate's own identity's, holding
         ``token``; anything else is refused (compared in constant time)."""
-        own = self.fed.sessions.get(identity.uri)
+        own = self.sessions.get(identity.uri)
         if own is not None and own.stripe_token and hmac.compare_digest(own.stripe_token, token):
             if own.closed:
                 raise NoSessionError(f"the session of {identity.uri} has ended: reconnect")
             return own
-        others = [s for s in self.fed.sessions.values() if s is not own and s.stripe_token]
+        others = [s for s in self.sessions.values() if s is not own and s.stripe_token]
         if any(hmac.compare_digest(s.stripe_token, token) for s in others):
             raise IdentityMismatchError(
                 f"certificate {identity.uri} presents the stripe token of another agent's session"
@@ -190,10 +194,10 @@ class Admission:
                 interval_ms=fed.config.probe_interval_ms,
             )
         return Welcome(
-            round=fed.round,
+            round=fed.model.round,
             weights_follow=weights_follow,
             codec=session.codec,
-            codec_params=fed.links.codec_params(session, fed.round),
+            codec_params=fed.links.codec_params(session, fed.model.round),
             max_chunk_bytes=fed.config.max_chunk_bytes,
             heartbeat_ms=fed.config.heartbeat_ms,
             identity=session.identity.uri,
@@ -209,30 +213,31 @@ class Admission:
     def weights_messages(self) -> list[CoordinatorMessage]:
         """The current weights as FP32 chunks and their end: a member's resync."""
         fed = self.fed
-        fp32 = make_codec("fp32")
-        payloads = [Payload(i, None, "fp32", fp32.encode(w)) for i, w in enumerate(fed.weights)]
+        payloads = [
+            Payload(i, None, "fp32", data) for i, data in enumerate(fed.model.weights_payloads())
+        ]
         chunks = cut_all(
             payloads,
             kind=ChunkKind.WEIGHTS,
-            round=fed.round - 1,
+            round=fed.model.round - 1,
             max_chunk_bytes=fed.config.max_chunk_bytes,
         )
         end = WeightsEnd(
-            round=fed.round - 1,
+            round=fed.model.round - 1,
             chunks=len(chunks),
-            weights_digest=fed.weights_digest,
-            final=fed.finished,
+            weights_digest=fed.model.weights_digest,
+            final=fed.rounds.finished,
         )
         return [*chunks, end]
 
     def leave(self, session: Session) -> None:
         fed = self.fed
         with fed.cond:
-            if fed.sessions.get(session.key) is session:
+            if self.sessions.get(session.key) is session:
                 self.forget(session)
                 fed.links.close(session)
-                del fed.sessions[session.key]
-                log.info("[Coordinator.Leave] agent=%s round=%d", session.key, fed.round)
+                del self.sessions[session.key]
+                log.info("[Coordinator.Leave] agent=%s round=%d", session.key, fed.model.round)
             fed.cond.notify_all()
 
     def left(self, session: Session, reason: str) -> None:
@@ -250,12 +255,12 @@ class Admission:
         lists it as ``revoked``, and the stream ends with UNAUTHENTICATED."""
         fed = self.fed
         with fed.cond:
-            if fed.sessions.get(session.key) is session:
+            if self.sessions.get(session.key) is session:
                 self.forget(session)
                 fed.links.close(session)
-                del fed.sessions[session.key]
+                del self.sessions[session.key]
                 session.state = "revoked"
-                fed.revoked[session.key] = session
+                self.revoked[session.key] = session
             fed.cond.notify_all()
         session.close(grpc.StatusCode.UNAUTHENTICATED, reason)
 
@@ -267,21 +272,21 @@ class Admission:
         session.state = "disconnected"
 
     def require_member(self, session: Session) -> None:
-        if self.fed.sessions.get(session.key) is not session:
+        if self.sessions.get(session.key) is not session:
             raise ProtocolError("send hello first")
 
     def expire_silent(self) -> None:
         """Drop members silent for longer than ``liveness_timeout_s``; the caller holds the lock."""
         fed = self.fed
         now = time.monotonic()
-        for s in list(fed.sessions.values()):
+        for s in list(self.sessions.values()):
             if now - s.last_seen > fed.config.liveness_timeout_s:
                 log.warning(
                     "[Coordinator.Liveness] agent=%s silent_s=%.1f", s.key, now - s.last_seen
                 )
                 self.forget(s)
                 fed.links.close(s)
-                del fed.sessions[s.key]
+                del self.sessions[s.key]
                 s.close(
                     grpc.StatusCode.UNAVAILABLE,
                     f"no message for {fed.config.liveness_timeout_s} s",

@@ -100,6 +100,11 @@ class RoundAggregate:
     def committed(self) -> int:
         return len(self._committed)
 
+    @property
+    def contributions(self) -> list[Contribution]:
+        """The committed contributions, in the order they committed."""
+        return list(self._committed)
+
     def begin(self, samples: int, key: str = "") -> Contribution:
         """Open a contribution of ``samples`` samples; ``key`` (the agent) orders the sum."""
         if samples < 1:
@@ -287,6 +292,9 @@ class Contribution:
         """Bytes counted in memory for the payload it is putting together there
         (``RoundAggregate.memory``), until that payload is held."""
         self.done = False
+        self.squares = 0.0
+        """The squared L2 norm of its staged payloads' values: its update's norm, once
+        every payload is in (``coordinator/robust.py`` bounds it)."""
         self.factor = 1.0
         """What its update is scaled by in the mean (norm clipping, ``coordinator/robust.py``)."""
 
@@ -321,6 +329,7 @@ class Contribution:
         holds the federation's lock."""
         if not self.done:
             payload = checked.payload
+            self.squares += checked.squares
             self.staged.setdefault(payload.tensor, []).append(payload)
             self.kept.setdefault(payload.tensor, []).append(checked.parsed)
         else:  # withdrawn while it was checked: what that check held goes too

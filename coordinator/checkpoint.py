@@ -32,17 +32,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from skyfed import failpoints
+from skyfed.files import PRIVATE_MODE, private_opener
 from skyfed.fingerprint import integrity_digest, sha256_weights_digest, weights_digest
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,9 @@ class Checkpoint:
     downlink_residual: list[torch.Tensor] | None
     outer_momentum: list[torch.Tensor] | None = None
     """The outer optimizer's momentum buffers (None: it holds none)."""
+    norms: list[float] = field(default_factory=list)
+    """The window of recent accepted update norms (``coordinator/robust.py``): a restart
+    clips from its first round as the run before it would have."""
 
 
 def path_for(directory: Path, round_: int) -> Path:
@@ -157,7 +162,13 @@ def read(path: Path) -> Checkpoint:
     for section, tensors in sections.items():
         if section_digest(section, tensors, fmt) != footer["digests"][section]:
             raise ValueError(f"{section} do not match their digest")
+    norms = footer.get("norms", [])
+    if not isinstance(norms, list) or not all(
+        isinstance(n, int | float) and math.isfinite(n) and n >= 0 for n in norms
+    ):
+        raise ValueError("its clipping window is not a list of finite norms")
     return Checkpoint(
+        norms=[float(n) for n in norms],
         round=int(footer["round"]),
         spec_digest=str(footer["spec_digest"]),
         weights=sections.get("weights", []),
@@ -245,10 +256,11 @@ class CheckpointWriter:
             raise ValueError(f"checkpoint section {section!r} is not one of {SECTIONS}")
         self._jobs.put((section, index, tensor))
 
-    def finish(self, digests: dict[str, str]) -> None:
+    def finish(self, digests: dict[str, str], norms: list[float] | None = None) -> None:
         """Every tensor is added: write the footer (``digests``: each section's
-        :func:`weights_digest`) and name the file (on the thread)."""
-        self._jobs.put(("finish", dict(digests)))
+        :func:`weights_digest`; ``norms``: the clipping window) and name the file (on the
+        thread)."""
+        self._jobs.put(("finish", dict(digests), list(norms or [])))
 
     def submit(self, ckpt: Checkpoint, digest: str) -> None:
         """A whole checkpoint at once: :meth:`begin`, every :meth:`add`, :meth:`finish`."""
@@ -262,7 +274,7 @@ class CheckpointWriter:
                 self.add(section, i, t)
             if tensors and section != "weights":
                 digests[section] = section_digest(section, tensors)
-        self.finish(digests)
+        self.finish(digests, ckpt.norms)
 
     def wait_written(self, timeout: float | None = None) -> None:
         """Block until the last checkpoint is whole on disk (a kill keeps it);
@@ -301,7 +313,7 @@ class CheckpointWriter:
                 elif current is None or f is None:
                     continue  # a failed round: drop its jobs until the next begins
                 elif job[0] == "finish":
-                    self._finish(current, f, job[1])
+                    self._finish(current, f, job[1], job[2])
                     current, f = None, None
                 else:
                     section, index, tensor = job
@@ -322,9 +334,10 @@ class CheckpointWriter:
         else a new file."""
         try:
             os.replace(self.directory / SPARE, tmp)
+            os.chmod(tmp, PRIVATE_MODE)  # a spare from before checkpoints were private
             return open(tmp, "r+b", buffering=0), True  # noqa: SIM115 - closed at finish
-        except FileNotFoundError:
-            return open(tmp, "wb", buffering=0), False  # noqa: SIM115 - closed at finish
+        except FileNotFoundError:  # 0600: the weights are the operator's (docs/security.md)
+            return open(tmp, "wb", buffering=0, opener=private_opener), False  # noqa: SIM115
 
     def _offset(self, r: _Round, section: str, index: int) -> int:
         """Weights first, each tensor aligned, then each further section in the same layout."""
@@ -352,7 +365,7 @@ class CheckpointWriter:
         r.end = max(r.end, _padded(offset + len(raw)))
         failpoints.reached("checkpoint", r.round)  # a file half written
 
-    def _finish(self, r: _Round, f, digests: dict[str, str]) -> None:
+    def _finish(self, r: _Round, f, digests: dict[str, str], norms: list[float]) -> None:
         complete = list(range(len(r.shapes)))
         sections = {}
         for section in SECTIONS:
@@ -373,6 +386,7 @@ class CheckpointWriter:
             "spec_digest": r.spec_digest,
             "sections": sections,
             "digests": {k: v for k, v in digests.items() if k in sections},
+            "norms": norms,
         }
         text = json.dumps(footer).encode()
         f.seek(r.end)

@@ -11,6 +11,7 @@ from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
 from skyfed.coordinator.outer import OuterSettings
+from skyfed.coordinator.replicas.settings import certificate_stem, check_replica_options
 from skyfed.coordinator.streams import StreamsConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
 from skyfed.validate import require
@@ -161,6 +162,31 @@ class CoordinatorConfig:
     tensorboard: Path | None = None
     """Write TensorBoard scalars of every round here (needs the ``tensorboard`` extra)."""
 
+    # ---- replicas (docs/failover.md; checked by coordinator/replicas/settings.py) ------
+    replica: str = ""
+    """This replica's name among the coordinator's replicas ("": one coordinator, no
+    election). With ``etcd`` it campaigns for leadership; while another replica leads it
+    serves as a standby, which answers agents with the leader's address. Its certificate
+    in ``certs`` is ``coordinator-<replica>.crt`` (``certs issue coordinator --replica``)."""
+    etcd: str = ""
+    """The etcd cluster the replicas elect their leader through: comma-separated
+    ``http(s)://HOST:PORT`` endpoints. Over https a replica shows etcd its own certificate
+    (etcd trusts the federation's ``ca.crt``: ``--client-cert-auth``) and checks etcd's
+    against ``etcd_ca``."""
+    etcd_ca: Path | None = None
+    """The CA etcd's server certificate chains to (https endpoints). Not the federation's
+    CA by default: a certificate from it that a server may show is a coordinator's, and
+    etcd is not one (docs/failover.md)."""
+    advertise: str = ""
+    """HOST:PORT agents dial to reach this replica, which standbys name to them ("": the
+    ``listen`` address with its bound port)."""
+    lease_ttl_s: int = 5
+    """TTL of a replica's etcd lease, in seconds. A leader that cannot refresh its lease
+    stops acting before it lapses; a standby leads once it has (a killed leader is
+    replaced within about this long)."""
+    etcd_prefix: str = "skyfed"
+    """This federation's keys in etcd: one etcd may serve several federations."""
+
     @property
     def spill_dir(self) -> Path | None:
         """Where staged uplinks past ``stage_memory`` go (None: the temporary directory)."""
@@ -277,10 +303,12 @@ class CoordinatorConfig:
             parse_listen(self.metrics_listen, public=self.metrics_public)
         if self.run_dir is not None and self.status_file is None:
             self.status_file = self.run_dir / "status.json"
+        check_replica_options(self)
         if self.certs is not None:
+            stem = certificate_stem(self.replica)
             self.ca = self.ca or self.certs / "ca.crt"
-            self.cert = self.cert or self.certs / "coordinator.crt"
-            self.key = self.key or self.certs / "coordinator.key"
+            self.cert = self.cert or self.certs / f"{stem}.crt"
+            self.key = self.key or self.certs / f"{stem}.key"
             self.crl = self.crl or self.certs / "crl.pem"
         for name in ("ca", "cert", "key"):
             require(

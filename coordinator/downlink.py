@@ -8,7 +8,7 @@ the agents' uplinks use.
 
 Nothing model-sized is made per round (docs/scale.md): each tensor's update is computed
 into one reused buffer (the aggregate decodes the mean straight into it), error feedback
-works in the residual's own memory (``skyfed/feedback_encode.py``), the weights take each
+works in the residual's own memory (``ErrorFeedback.encode``), the weights take each
 payload decoded straight into them, and payloads are yielded tensor by tensor, so the
 first chunks can leave while later tensors are still being encoded.
 """
@@ -24,7 +24,6 @@ from skyfed.compression import decode_add_payload, make_codec, rounding_seed
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.policy import PolicyConfig, heaviest
 from skyfed.coordinator.links import CodecRun
-from skyfed.feedback_encode import encode_in_place
 from skyfed.fingerprint import TensorInfo
 from skyfed.wire import Payload
 
@@ -85,8 +84,8 @@ class Downlink:
         index = {name: i for i, name in enumerate(self.names)}
         updates = ((name, update(i, self._scratch(i))) for i, name in enumerate(self.names))
         own = dict(zip(self.names, weights, strict=True))  # w - D(c), as the agents decode it
-        for name, data in encode_in_place(
-            self.feedback, codec, updates, borrowed=True, applied_to=own, alpha=-1.0
+        for name, data in self.feedback.encode(
+            codec, updates, borrowed=True, applied_to=own, alpha=-1.0
         ):
             yield Payload(index[name], None, codec_name, data)  # the plan keeps the model's order
         if codec.lossless and not any(bool(r.any()) for r in residuals.values()):

@@ -102,9 +102,22 @@ class Evaluator:
     def _run(
         self, round_: int, weights: list[torch.Tensor], release: Callable[[], None] | None
     ) -> None:
+        result = self.evaluate(round_, weights, release)
+        with self._lock:
+            self._busy = False
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def evaluate(
+        self, round_: int, weights: list[torch.Tensor], release: Callable[[], None] | None = None
+    ) -> EvalResult:
+        """Evaluate ``weights`` of ``round_`` on this thread, reading them in place (the
+        worker's call; the in-process simulation's, which has no round to hold up)."""
         started = time.monotonic()
         versions = [w._version for w in weights]  # torch's count of in-place changes
         try:
+            if self._model is None:
+                raise RuntimeError("the task has no eval_loss")
             with torch.no_grad():
                 params = zip(self._model.parameters(), self._shapes, weights, strict=True)
                 for p, shape, w in params:
@@ -130,9 +143,7 @@ class Evaluator:
         with self._lock:
             self.latest = result
             self.results.append(result)
-            self._busy = False
         log.info(
             "[Coordinator.Eval] round=%d eval_loss=%.4f seconds=%.2f", round_, loss, result.seconds
         )
-        if self._on_result is not None:
-            self._on_result(result)
+        return result

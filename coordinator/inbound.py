@@ -12,7 +12,6 @@ it never came.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from skyfed.wire import MAX_CHUNKS, Announce, Chunk, ChunkKind, ContributionEnd,
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
+    from skyfed.coordinator.round import Round
     from skyfed.coordinator.session import Session
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ class Inbound:
     seen: int = 0
     loss: float = 0.0
     train_s: float = 0.0
-    sum_squares: float = 0.0
-    """Of the decoded update so far: its L2 norm bounds it (``coordinator/robust.py``)."""
+    owner: Round | None = None
+    """The round its entry belongs to (the one it commits to)."""
 
     @property
     def open(self) -> bool:
@@ -102,26 +102,20 @@ class Intake:
                 self._timed(session, header)
             if session.inbound is not None and session.inbound.open:
                 raise ProtocolError("a contribution was announced before the previous one ended")
-            _check(header, fed.round)
+            round_ = fed.rounds.round
+            _check(header, round_.number)
             # A contribution for the round not yet open (waiting for min_agents) is early,
             # not late: it is summed and counts once the round opens.
-            if header.round < fed.round:
+            if header.round < round_.number:
                 late = LateContributionError(
                     f"round {header.round} closed before this contribution arrived; round "
-                    f"{fed.round} is open (keep it in the error-feedback residual)"
+                    f"{round_.number} is open (keep it in the error-feedback residual)"
                 )
                 self.refuse(session, header.round, header.chunks or None, late)
                 return
-            if session.last_round == fed.round:
-                raise ProtocolError(f"a second contribution for round {fed.round}")
-            if session.key in fed.contributed:  # a restarted agent, already counted
-                again = AlreadyContributedError(
-                    f"an earlier session of {session.key} already contributed to round "
-                    f"{fed.round}; drop this work, it would count the same data twice"
-                )
-                self.refuse(session, header.round, header.chunks or None, again)
-                return
-            if fed.aggregate.committed == 0 and not self._arriving():
+            if session.last_round == round_.number:
+                raise ProtocolError(f"a second contribution for round {round_.number}")
+            if round_.committed == 0 and not self._arriving():
                 # The round's first upload: the last broadcast's chunk buffers, sent by
                 # now, go back before this round's payloads take memory, and payload
                 # buffers the last round did not use are let go (docs/scale.md).
@@ -129,19 +123,24 @@ class Intake:
                 let_go = fed.payloads.sweep()
                 log.debug(
                     "[Coordinator.Payloads] round=%d kept_bytes=%d let_go_bytes=%d",
-                    fed.round,
+                    round_.number,
                     fed.payloads.nbytes,
                     let_go,
                 )
-            entry = fed.aggregate.begin(self._weight(session, header.samples), session.key)
+            try:  # a restarted agent, already counted, is refused
+                entry = round_.begin(session.key, header.samples)
+            except AlreadyContributedError as again:
+                self.refuse(session, header.round, header.chunks or None, again)
+                return
             session.inbound = Inbound(
                 round=header.round,
                 expected=header.chunks or None,
                 entry=entry,
+                owner=round_,
                 assembler=Assembler(
                     kind=ChunkKind.GRADIENT,
                     round=header.round,
-                    num_tensors=len(fed.spec),
+                    num_tensors=len(fed.model.spec),
                     max_chunk_bytes=fed.config.max_chunk_bytes,
                     max_payload_bytes=fed.max_payload,
                     memory=entry.memory(fed.payloads.take),
@@ -151,12 +150,13 @@ class Intake:
             )
             session.state = "sending"
             fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
-            fed.stats.raw_bytes_up += header.raw_bytes
+            fed.rounds.stats.raw_bytes_up += header.raw_bytes
             session.raw_bytes_up += header.raw_bytes
 
     def _arriving(self) -> bool:
         """Some contribution is arriving now (the caller holds the lock)."""
-        return any(s.inbound is not None and s.inbound.open for s in self.fed.sessions.values())
+        sessions = self.fed.admission.sessions.values()
+        return any(s.inbound is not None and s.inbound.open for s in sessions)
 
     def _timed(self, session: Session, header: Announce) -> None:
         """The agent's timing of its last exchange: the link's efficiency in that round
@@ -166,7 +166,7 @@ class Intake:
         if e is None:
             return
         session.efficiency = e
-        for stats in self.fed.history:
+        for stats in self.fed.rounds.history:
             if stats.round == e.round:
                 stats.links.append(e)
         log.info(
@@ -181,18 +181,6 @@ class Intake:
             e.limit or "-",
         )
 
-    def _weight(self, session: Session, samples: int) -> int:
-        """A contribution's weight in the mean: its ``samples``, at most ``max_samples``."""
-        cap = self.fed.config.max_samples
-        if samples > cap:
-            log.warning(
-                "[Coordinator.Weight] agent=%s samples=%d capped to max_samples=%d",
-                session.key,
-                samples,
-                cap,
-            )
-        return min(samples, cap)
-
     def refuse(
         self, session: Session, round_: int, chunks: int | None, err: FederationError
     ) -> None:
@@ -205,7 +193,7 @@ class Intake:
             "[Coordinator.Refuse] agent=%s round=%d open=%d: %s",
             session.key,
             round_,
-            self.fed.round,
+            self.fed.rounds.round.number,
             err,
         )
         code = status_code(err)
@@ -221,7 +209,7 @@ class Intake:
         fed = self.fed
         session.bytes_up += len(chunk.data)
         with fed.cond:
-            fed.stats.bytes_up += len(chunk.data)
+            fed.rounds.stats.bytes_up += len(chunk.data)
             inbound = session.inbound
             if inbound is not None and inbound.discards(chunk):
                 return
@@ -233,7 +221,6 @@ class Intake:
             raise ProtocolError(f"a contribution of more than {MAX_CHUNKS} chunks")
         if payload is not None:
             checked = inbound.entry.check(payload)
-            inbound.sum_squares += checked.squares
             with fed.cond:
                 inbound.entry.stage(checked)
             failpoints.reached("upload", inbound.round)
@@ -269,8 +256,8 @@ class Intake:
         with fed.cond:
             if not inbound.open:
                 return  # withdrawn meanwhile: the round closed under it and it was refused
-            self._bound_norm(session, inbound)
-            inbound.entry.commit()
+            assert inbound.owner is not None and inbound.entry is not None
+            inbound.owner.commit(inbound.entry)
             session.inbound = None
             session.last_round = inbound.round
             connections = session.connections if session.stripe_token else 0
@@ -282,40 +269,24 @@ class Intake:
             for old in sorted(session.transfers)[:-TRANSFERS_KEPT]:
                 del session.transfers[old]
             session.state = "idle"
-            fed.contributed.add(session.key)
-            fed.contributors.add(session.key)
-            fed.rounds.contributed(inbound.loss, inbound.train_s)
+            fed.rounds.contributed(session.key, inbound.loss, inbound.train_s)
             phase(inbound.round, "committed", agent=session.key)
             session.send(Receipt(round=session.last_round, accepted=True))
             fed.cond.notify_all()
 
-    def _bound_norm(self, session: Session, inbound: Inbound) -> None:
-        """Clip the update's norm to the recent median's bound (the caller holds the lock)."""
-        norm = math.sqrt(inbound.sum_squares)
-        factor = self.fed.norm_bound.factor(norm)
-        if factor < 1.0:
-            log.warning(
-                "[Coordinator.Clip] agent=%s round=%d norm=%.4g clipped to %.4g",
-                session.key,
-                inbound.round,
-                norm,
-                norm * factor,
-            )
-            inbound.entry.scale(factor)
-        self.fed.norm_bound.record(norm * factor)
-
     def withdraw_all(self) -> None:
         """The round closes: anything half-sent is late, taken out before the mean."""
         fed = self.fed
-        for s in fed.sessions.values():
+        for s in fed.admission.sessions.values():
             inbound = s.inbound
             if inbound is not None and inbound.open:
                 fed.admission.forget(s)
                 s.state = "idle"
+                number = fed.rounds.round.number
                 late = LateContributionError(
-                    f"round {fed.round} closed while this contribution was arriving"
+                    f"round {number} closed while this contribution was arriving"
                 )
-                self.refuse(s, fed.round, inbound.left, late)
+                self.refuse(s, number, inbound.left, late)
 
 
 def _check(header: Announce, open_round: int) -> None:

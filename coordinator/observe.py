@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from skyfed.coordinator import runinfo
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.evaluate import EvalResult, Evaluator
 from skyfed.coordinator.federation import Federation
@@ -47,6 +48,7 @@ class Observer:
         self.config = config
         self.sinks: list[Sink] = []
         if config.run_dir is not None:
+            runinfo.write(config.run_dir, config)
             self.sinks.append(RunHistory(config.run_dir / ROUNDS_FILE))
         if config.tensorboard is not None:
             from skyfed.coordinator.tensorboard import TensorBoardSink
@@ -72,7 +74,7 @@ class Observer:
     def close(self, eval_timeout_s: float = 60.0) -> None:
         """Stop polling; hand over the last rounds and a final evaluation, then the sinks."""
         self._stop.set()
-        self.federation.round_closed.set()  # else the thread sleeps out its POLL_S first
+        self.federation.rounds.round_closed.set()  # else the thread sleeps out its POLL_S first
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.evaluator.join(eval_timeout_s)  # free the worker for the final round
@@ -101,12 +103,13 @@ class Observer:
         self._timed = {k: n for k, n in self._timed.items() if k in kept}
         done = final or snap["finished"]
         if self._last_round >= 0 and self.evaluator.due(self._last_round, final=done):
-            round_, weights = self._weights()
-            self.evaluator.submit(round_, weights, self.federation.weights_free.set)
+            rounds = self.federation.rounds
+            round_, weights = rounds.lend_weights()
+            self.evaluator.submit(round_, weights, rounds.weights_free.set)
         return snap
 
     def _run(self) -> None:
-        closed = self.federation.round_closed
+        closed = self.federation.rounds.round_closed
         while not self._stop.is_set():
             closed.wait(POLL_S)  # woken by each closed round; else polls for the waiting line
             closed.clear()
@@ -114,15 +117,6 @@ class Observer:
                 self.poll()
             except Exception:  # an observer must never stop the federation
                 log.exception("[Coordinator.Observe] poll failed")
-
-    def _weights(self) -> tuple[int, list]:
-        """The closed round and its live weights, lent: the next close waits until the
-        evaluator hands them back (``Federation.weights_read``), so they stay that round's
-        whole, with no model-sized copy (docs/scale.md, The held-out evaluation)."""
-        fed = self.federation
-        with fed.cond:  # between closes: the round engine changes weights under it
-            fed.weights_free.clear()
-            return fed.round - 1, list(fed.weights)
 
     def _evaluated(self, result: EvalResult) -> None:
         fed = self.federation

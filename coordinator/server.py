@@ -14,15 +14,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.registry import CollectorRegistry
 
+from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.export import export_weights
 from skyfed.coordinator.federation import Federation
-from skyfed.coordinator.limits import StreamLimits
+from skyfed.coordinator.limits import CallLimits, calls_allowed
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
 from skyfed.coordinator.revocation import RevocationWatch
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.service import serve_federation
+from skyfed.coordinator.service import Leadership, serve_federation
 from skyfed.fingerprint import model_spec
 from skyfed.metrics.coordinator import CoordinatorCollector
 from skyfed.metrics.http import MetricsServer
@@ -61,8 +62,12 @@ def build_federation(config: CoordinatorConfig) -> Federation:
 
 
 @contextlib.contextmanager
-def run_server(config: CoordinatorConfig) -> Iterator[Running]:
-    """Serve until the block exits; binds ``config.listen`` (port 0 picks one)."""
+def run_server(
+    config: CoordinatorConfig, leadership: Leadership | None = None
+) -> Iterator[Running]:
+    """Serve until the block exits; binds ``config.listen`` (port 0 picks one). A replica
+    passes its ``leadership``: sessions are admitted only while it leads
+    (``coordinator/replicas/serve.py``)."""
     federation = build_federation(config)
     # What can refuse to start (a missing extra, a taken metrics port) does so before the
     # federation's port opens; /readyz answers 503 until the driver runs.
@@ -72,6 +77,12 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
     creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
     limit = config.max_chunk_bytes + ENVELOPE_BYTES
+    auth = PeerAuthenticator(config.crl, config.ca)
+    per_identity = calls_allowed(
+        config.max_streams_per_identity, config.streams.max_streams, MAX_SESSIONS
+    )
+    limits = CallLimits(per_identity, sessions=config.max_streams_per_identity)
+    calls = CallGuard(auth, limits, config.hello_timeout_s, federation.refused)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_SESSIONS + 8, thread_name_prefix="rpc"),
         options=[
@@ -87,10 +98,9 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
             ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
+        interceptors=[calls],  # every call, the health service's too
     )
-    auth = PeerAuthenticator(config.crl, config.ca)
-    limits = StreamLimits(config.max_streams_per_identity, config.hello_timeout_s)
-    serve_federation(server, federation, auth, limits)
+    serve_federation(server, federation, auth, calls, leadership)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)
@@ -104,7 +114,7 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
     gc.freeze()
     watch = None
     if auth.revocations is not None:
-        watch = RevocationWatch(auth.revocations, limits, federation).start()
+        watch = RevocationWatch(auth.revocations, calls).start()
     _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     driver.start()
     observer.start()
@@ -119,8 +129,8 @@ def run_server(config: CoordinatorConfig) -> Iterator[Running]:
         federation.stop()
         driver.join(timeout=10)
         _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-        federation.close_checkpoints()
-        for session in list(federation.sessions.values()):
+        federation.rounds.close_checkpoints()
+        for session in list(federation.admission.sessions.values()):
             session.close()  # ends each stream's generator, so stop() does not wait on it
         server.stop(grace=2).wait(timeout=10)
         if watch is not None:
@@ -174,7 +184,11 @@ def _export(config: CoordinatorConfig, federation: Federation) -> None:
     if config.export is None:
         return
     with federation.cond:
-        round_, weights = federation.round - 1, [w.clone() for w in federation.weights]
+        model = federation.model
+        round_, weights = model.round - 1, [w.clone() for w in model.weights]
+    if round_ < 0:  # the initial weights are no trained model (coordinator/cli.py says so)
+        log.warning("[Coordinator.Export] out=%s skipped: no round was applied", config.export)
+        return
     meta = export_weights(weights, config.export, task=config.task, round_=round_, seed=config.seed)
     log.info(
         "[Coordinator.Export] out=%s round=%d digest=%s",

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
 
+from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.federation import Federation
-from skyfed.coordinator.limits import StreamLimits, stripes_allowed
+from skyfed.coordinator.limits import hello_due, stripes_allowed
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
-from skyfed.coordinator.status_codes import status_code
-from skyfed.errors import FederationError, ProtocolError, RevokedError, TooManyStreamsError
+from skyfed.coordinator.status import ReplicaSet
+from skyfed.coordinator.status_codes import abort, status_code
+from skyfed.errors import FederationError, ProtocolError, TooManyStreamsError
 from skyfed.logs import Throttle
 from skyfed.netinfo import log_congestion_control, peer_host
 from skyfed.proto import federation_pb2 as pb
@@ -39,45 +43,57 @@ REFUSAL_LOG_INTERVAL_S = 5.0
 """At most one refusal line per identity this often: garbage in a loop costs no log space."""
 
 
+class Leadership(Protocol):
+    """A coordinator replica's standing (``coordinator/replicas``): the servicer admits
+    sessions only while it leads."""
+
+    def check(self) -> None:
+        """Raise ``NotLeaderError`` (naming the leader) unless this replica leads now."""
+
+    def replica_set(self) -> ReplicaSet:
+        """The replicas as this one sees them, for Status."""
+
+
 class FederationServicer(pb_grpc.FederationServicer):
     def __init__(
-        self, federation: Federation, authenticator: PeerAuthenticator, limits: StreamLimits
+        self,
+        federation: Federation,
+        authenticator: PeerAuthenticator,
+        calls: CallGuard,
+        leadership: Leadership | None = None,
     ) -> None:
         self.federation = federation
         self.auth = authenticator
-        self.limits = limits
+        self.calls = calls
+        self.leadership = leadership
+        """None: a single coordinator, which always leads."""
         self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
 
     def Session(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
-        try:
-            identity, serial = self.auth.identify_with_serial(context)
-        except RevokedError as exc:
-            log.warning("[Federation.Session] refused peer=%s: %s", context.peer(), exc)
-            self.federation.refused(status_code(exc).name)
-            context.abort(status_code(exc), str(exc))
-        session = Session(identity, context.peer())
-        try:
-            stream = self.limits.open(session, serial)
-        except FederationError as exc:
-            context.abort(status_code(exc), str(exc))
+        call = self.calls.of(context)  # identified and counted since it opened
+        if self.leadership is not None:
+            try:
+                self.leadership.check()
+            except FederationError as exc:
+                abort(context, exc)
+        session = Session(call.identity, context.peer())
+        hello_due(session, self.calls.first_message_s)
+        call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
         session.merge = Merge(
             lambda m: self._handle(session, _ours(m)),
             max_held_bytes=self._max_held_bytes(),
         )
-        log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
+        log.info("[Federation.Session] agent=%s peer=%s", session.key, context.peer())
         session.cc = log_congestion_control(peer_host(context.peer()), "coordinator")
         context.add_callback(lambda: session.close(grpc.StatusCode.CANCELLED, "call ended"))
         reader = threading.Thread(
             target=self._read,
             args=(request_iterator, session),
-            name=f"read-{identity.name}",
+            name=f"read-{session.identity.name}",
             daemon=True,
         )
         reader.start()
-        try:
-            yield from session.outbox  # heartbeats first, until the session is closed
-        finally:
-            self.limits.close(stream)
+        yield from session.outbox  # heartbeats first, until the session is closed
         self.federation.admission.leave(session)
         if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
             context.abort(session.abort_code, session.abort_message)
@@ -86,9 +102,13 @@ class FederationServicer(pb_grpc.FederationServicer):
         """A further connection of a striped session: it joins with the welcome's token
         under the session's own identity, then carries chunks both ways. It counts as
         the session's, not as a stream of its own, against ``max_streams_per_identity``;
-        a session holds at most :func:`stripes_allowed` of them."""
+        a session holds at most :func:`stripes_allowed` of them. Until it joins it counts
+        as a call of its identity (``coordinator/calls.py``)."""
+        call = self.calls.of(context)
+        identity = call.identity
         try:
-            identity = self.auth.identify(context)
+            if self.leadership is not None:
+                self.leadership.check()
             data = next(request_iterator, None)
             first = None if data is None else serde.parse(pb.AgentMessage, data)
             if first is None or first.WhichOneof("body") != "stripe_join":
@@ -104,12 +124,13 @@ class FederationServicer(pb_grpc.FederationServicer):
                 session.stripes += 1
         except FederationError as exc:
             log.warning("[Federation.Stripe] refused peer=%s: %s", context.peer(), exc)
-            context.abort(status_code(exc), str(exc))
+            abort(context, exc)
         lane = session.outbox.stripe()
         log.info(
             "[Federation.Stripe] agent=%s peer=%s lane=%d", identity.uri, context.peer(), lane.index
         )
         context.add_callback(lane.end)
+        call.ended_by(lambda reason: lane.end())  # the guard ends it UNAUTHENTICATED
         reader = threading.Thread(
             target=self._read_stripe,
             args=(request_iterator, session, lane),
@@ -222,22 +243,28 @@ class FederationServicer(pb_grpc.FederationServicer):
             parsed = serde.parse(pb.StatusRequest, request)
         except FederationError as exc:
             context.abort(status_code(exc), str(exc))
-        return serde.status_to_proto(self.federation.status(windows=parsed.windows))
+        status = self.federation.status(windows=parsed.windows)
+        if self.leadership is not None:
+            status = dataclasses.replace(status, replicas=self.leadership.replica_set())
+        return serde.status_to_proto(status)
 
 
 def serve_federation(
     server: grpc.Server,
     federation: Federation,
     authenticator: PeerAuthenticator,
-    limits: StreamLimits,
+    calls: CallGuard,
+    leadership: Leadership | None = None,
 ) -> None:
-    """Add the ``Federation`` service for ``federation`` to ``server``.
+    """Add the ``Federation`` service for ``federation`` to ``server``, whose interceptor
+    ``calls`` identifies and counts every call before a servicer sees it (a replica's
+    ``leadership`` admits sessions only while it leads).
 
     Requests reach the servicer as raw bytes (no deserializer): ``proto/serde.py`` parses
     them, so an unparseable message is INVALID_ARGUMENT with one log line, not gRPC's
     INTERNAL with a traceback per message.
     """
-    servicer = FederationServicer(federation, authenticator, limits)
+    servicer = FederationServicer(federation, authenticator, calls, leadership)
     handlers = {
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session,

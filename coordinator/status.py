@@ -82,6 +82,33 @@ class AgentStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """A coordinator replica holding a live etcd lease (docs/failover.md)."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSet:
+    """The coordinator replicas as the one that answered sees them (docs/failover.md)."""
+
+    replica: str
+    """The replica that answered."""
+    leading: bool
+    """It leads now."""
+    term: int = 0
+    """The leader's term: its etcd key's create revision, growing with every new leader
+    (0: no leader known)."""
+    leader: str = ""
+    """The leader's replica name ("": none known)."""
+    leader_address: str = ""
+    """HOST:PORT agents dial for the leader."""
+    members: list[ReplicaInfo] = field(default_factory=list)
+    """Every replica holding a live etcd lease, by name."""
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """What ``Status`` answers and the status file holds (``StatusReply`` on the wire)."""
 
@@ -107,34 +134,38 @@ class Status:
     eval_loss: float = 0.0
     """Its loss: the task's ``eval_loss`` on the canonical weights (0 while ``eval_round``
     is -1)."""
+    replicas: ReplicaSet | None = None
+    """The coordinator replicas (docs/failover.md); None: one coordinator, no election."""
 
 
 def build_status(fed: Federation, windows: bool = False, departed: bool = False) -> Status:
     """A snapshot of ``fed``; the caller holds its lock. ``windows`` adds raw link samples,
     ``departed`` the last round's members that have left since (``Federation.status``)."""
     now = time.monotonic()
+    sessions, revoked = fed.admission.sessions, fed.admission.revoked
     down = fed.admission.down
+    rounds = fed.rounds
     gone = [
         s
-        for s in (fed.closed_with if departed else ())
-        if s.key not in fed.sessions and s.key not in fed.revoked and s.key not in down
+        for s in (rounds.closed_with if departed else ())
+        if s.key not in sessions and s.key not in revoked and s.key not in down
     ]
     return Status(
-        round=fed.round,
-        agents=[_agent(fed, s, now, windows) for s in fed.sessions.values()]
-        + [_agent(fed, s, now, False) for k, s in fed.revoked.items() if k not in fed.sessions]
+        round=fed.model.round,
+        agents=[_agent(fed, s, now, windows) for s in sessions.values()]
+        + [_agent(fed, s, now, False) for k, s in revoked.items() if k not in sessions]
         + [_agent(fed, s, now, False) for s in gone]
-        + [_agent(fed, s, now, False) for k, s in down.items() if k not in fed.sessions],
-        weights_digest=fed.weights_digest,
+        + [_agent(fed, s, now, False) for k, s in down.items() if k not in sessions],
+        weights_digest=fed.model.weights_digest,
         uptime_s=now - fed.started_at,
-        rounds=[replace(r, links=list(r.links)) for r in fed.history],
-        finished=fed.finished,
+        rounds=[replace(r, links=list(r.links)) for r in rounds.history],
+        finished=rounds.finished,
         exchange=fed.config.exchange,
         rounds_planned=fed.config.rounds,
         min_agents=fed.config.min_agents,
         refusals=dict(fed.refusals),
-        checkpoints=fed.checkpoints_written,
-        checkpoint_s=fed.checkpoint_wait_s,
+        checkpoints=rounds.checkpoints_written,
+        checkpoint_s=rounds.checkpoint_wait_s,
         eval_round=fed.evaluation.round if fed.evaluation else -1,
         eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
     )
@@ -162,7 +193,7 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         streams=s.connections,
         stream_switches=s.stream_switches,
         efficiency=s.efficiency,
-        codec_params=fed.links.codec_params(s, fed.round),
+        codec_params=fed.links.codec_params(s, fed.model.round),
         local_steps=s.local_steps,
         dp=s.dp,
         tp=s.tp,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import grpc
 
 from skyfed.errors import (
@@ -13,6 +15,7 @@ from skyfed.errors import (
     LateContributionError,
     ModelMismatchError,
     NoSessionError,
+    NotLeaderError,
     OversizedError,
     ProtocolError,
     RevokedError,
@@ -21,6 +24,7 @@ from skyfed.errors import (
     UnsupportedExchangeError,
     UnsupportedFrameError,
 )
+from skyfed.proto.serde import LEADER_METADATA
 
 # The one place domain errors become gRPC status codes.
 STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
@@ -38,6 +42,8 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,
     NoSessionError: grpc.StatusCode.NOT_FOUND,
     TooManyStreamsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # A standby: the agent tries again, first at the leader the trailing metadata names.
+    NotLeaderError: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -46,3 +52,12 @@ def status_code(error: FederationError) -> grpc.StatusCode:
         if cls in STATUS_CODES:
             return STATUS_CODES[cls]
     return grpc.StatusCode.INTERNAL
+
+
+def abort(context: grpc.ServicerContext, error: FederationError) -> NoReturn:
+    """End the call with ``error``'s code and message; a standby's refusal also carries
+    the leader's HOST:PORT as trailing metadata (``serde.LEADER_METADATA``), which the
+    agent dials next (docs/failover.md)."""
+    if isinstance(error, NotLeaderError) and error.leader:
+        context.set_trailing_metadata(((LEADER_METADATA, error.leader),))
+    context.abort(status_code(error), str(error))

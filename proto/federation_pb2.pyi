@@ -416,7 +416,7 @@ class RoundStat(_message.Message):
     def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ..., wall_s: _Optional[float] = ..., links: _Optional[_Iterable[_Union[LinkEfficiency, _Mapping]]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange", "rounds_planned", "min_agents", "refusals", "checkpoints", "checkpoint_s", "eval_round", "eval_loss")
+    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange", "rounds_planned", "min_agents", "refusals", "checkpoints", "checkpoint_s", "eval_round", "eval_loss", "replicas")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -438,6 +438,7 @@ class StatusReply(_message.Message):
     CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
     EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     round: int
     agents: _containers.RepeatedCompositeFieldContainer[AgentStatus]
     weights_digest: str
@@ -452,4 +453,29 @@ class StatusReply(_message.Message):
     checkpoint_s: float
     eval_round: int
     eval_loss: float
-    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ..., rounds_planned: _Optional[int] = ..., min_agents: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., checkpoints: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., eval_round: _Optional[int] = ..., eval_loss: _Optional[float] = ...) -> None: ...
+    replicas: ReplicaSet
+    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ..., rounds_planned: _Optional[int] = ..., min_agents: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., checkpoints: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., eval_round: _Optional[int] = ..., eval_loss: _Optional[float] = ..., replicas: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
+
+class ReplicaSet(_message.Message):
+    __slots__ = ("replica", "leading", "term", "leader", "leader_address", "members")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    leading: bool
+    term: int
+    leader: str
+    leader_address: str
+    members: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, replica: _Optional[str] = ..., leading: _Optional[bool] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("name", "address")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...

@@ -61,3 +61,12 @@ class NoSessionError(FederationError):
 
 class TooManyStreamsError(FederationError):
     """An identity that already holds as many open streams as it may."""
+
+
+class NotLeaderError(FederationError):
+    """This coordinator replica is a standby (or was deposed): the agent should dial
+    ``leader``, the HOST:PORT of the replica that leads ("" while none is known)."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader

@@ -7,7 +7,6 @@ import torch
 
 from skyfed.compression import make_codec
 from skyfed.compression.feedback import ErrorFeedback
-from skyfed.feedback_encode import encode_in_place
 from skyfed.payload_pool import PayloadPool
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
@@ -87,12 +86,12 @@ def test_a_payload_encoded_into_pool_memory_stays_as_sent_while_it_is_held():
     codec = make_codec("fp16")
     g = torch.randn(300, 70, generator=torch.Generator().manual_seed(0)) * 1e-7  # scaled
     kept, plain = ErrorFeedback(memory=pool.take), ErrorFeedback()
-    first = dict(encode_in_place(kept, codec, [("w", g)]))["w"]
+    first = dict(kept.encode(codec, [("w", g)]))["w"]
     sent = bytes(first)
-    assert sent == bytes(dict(encode_in_place(plain, codec, [("w", g)]))["w"])
-    second = dict(encode_in_place(kept, codec, [("w", g * 3)]))["w"]
+    assert sent == bytes(dict(plain.encode(codec, [("w", g)]))["w"])
+    second = dict(kept.encode(codec, [("w", g * 3)]))["w"]
     assert bytes(first) == sent and bytes(second) != sent  # the held one kept its memory
-    assert bytes(second) == bytes(dict(encode_in_place(plain, codec, [("w", g * 3)]))["w"])
+    assert bytes(second) == bytes(dict(plain.encode(codec, [("w", g * 3)]))["w"])
     assert torch.equal(kept.residuals["w"], plain.residuals["w"])
     del first, second
     pool.let_go()

@@ -38,7 +38,7 @@ def test_an_agent_refuses_a_coordinator_naming_weights_by_the_sha256_tree(serve,
     running = serve(min_agents=1)
     fed = running.federation
     with fed.cond:  # what a coordinator from before v3 names its weights by
-        fed.weights_digest = sha256_weights_digest(fed.weights)
+        fed.model.weights_digest = sha256_weights_digest(fed.model.weights)
     details = _refusal(running, pki).details
     assert "from before 'w3:'" in details
     assert "upgrade the coordinator" in details

@@ -78,7 +78,7 @@ def test_a_data_parallel_rank_killed_mid_round_takes_the_site_down_and_it_rejoin
     assert again.wait(timeout=240) == 0, reaped.log("gcp-again")[-3000:]
     assert "resharded onto dp=1 tp=2" in reaped.log("gcp-again")
     report = json.loads((tmp_path / "gcp.json").read_text())
-    assert report["weights_digest"] == fed.weights_digest and fed.finished
+    assert report["weights_digest"] == fed.model.weights_digest and fed.rounds.finished
 
 
 def test_a_rank_that_cannot_start_says_why_once_and_the_next_hello_tells_it(

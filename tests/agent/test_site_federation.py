@@ -60,7 +60,7 @@ def run_federation(
         code = kids.procs[f"{tag}-{cloud}"].wait(timeout=240)
         assert code == 0, f"{cloud} exited {code}:\n{kids.log(f'{tag}-{cloud}')[-3000:]}"
     deadline = time.monotonic() + 10
-    while not running.federation.finished:
+    while not running.federation.rounds.finished:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     return running
@@ -73,7 +73,7 @@ def test_a_2x2_fsdp_site_trains_what_a_1x1_site_trains_under_fp32(serve, reaped,
             serve, reaped, pki.directory, {"aws": layout},
             codec="fp32", rounds=3, tag=tag, reports=tmp_path,
         )  # fmt: skip
-        ran[tag] = [w.clone() for w in running.federation.weights]
+        ran[tag] = [w.clone() for w in running.federation.model.weights]
     for one, four in zip(ran["one"], ran["four"], strict=True):
         torch.testing.assert_close(four, one, rtol=1e-5, atol=1e-6)
     assert "[Agent.Ranks] dp=2 tp=2" in reaped.log("four-aws")
@@ -94,7 +94,7 @@ def test_a_mixed_federation_trains_what_an_all_1x1_one_trains_under_fp32(
         running = run_federation(
             serve, reaped, pki.directory, layouts, codec="fp32", rounds=3, tag=tag, reports=tmp_path
         )
-        ran[tag] = [w.clone() for w in running.federation.weights]
+        ran[tag] = [w.clone() for w in running.federation.model.weights]
     for one, mixed in zip(ran["ones"], ran["mixed"], strict=True):
         torch.testing.assert_close(mixed, one, rtol=1e-5, atol=1e-6)
 
@@ -111,7 +111,7 @@ def test_sites_of_four_layouts_stay_bit_identical_under_a_lossy_codec(serve, rea
         serve, reaped, pki.directory, layouts,
         codec="fp16", rounds=3, tag="mixed", reports=tmp_path,
     )  # fmt: skip
-    digest = running.federation.weights_digest
+    digest = running.federation.model.weights_digest
     for cloud in layouts:
         log = reaped.log(f"mixed-{cloud}")
         assert "[Agent.Resync]" not in log, f"{cloud}: every round's digest must have matched"

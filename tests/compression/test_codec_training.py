@@ -34,8 +34,9 @@ def _train(codec: Codec) -> float:
         for stream, ef in zip(streams, feedback, strict=True):
             model.zero_grad(set_to_none=True)
             task.loss(model, next(stream)).backward()
-            for name, p in model.named_parameters():
-                decode_add_payload(ef.encode(name, codec, p.grad)[0], total[name])
+            grads = [(name, p.grad) for name, p in model.named_parameters()]
+            for name, payload in ef.encode(codec, grads):
+                decode_add_payload(payload, total[name])
         for name, p in model.named_parameters():
             p.grad = total[name] / WORKERS
         optimizer.step()

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from skyfed.compression import ErrorFeedback, decode_add_payload, decode_payload, make_codec
-from skyfed.compression.feedback import released
+from skyfed.compression.feedback import release_share
 from skyfed.compression.schedule import DensityWarmup
+
+
+def encode(ef: ErrorFeedback, codec, g: torch.Tensor, key: str = "w") -> tuple[bytes, torch.Tensor]:
+    """One tensor through ``ef``: its payload and what it sends, decoded."""
+    payload = dict(ef.encode(codec, [(key, g)]))[key]
+    return payload, decode_payload(payload, shape=g.shape)
+
 
 LOSSY = [
     ("fp16", {}),
@@ -30,7 +37,7 @@ def _run(ef: ErrorFeedback, codecs: list, steps: int, shape: tuple[int, ...]) ->
     for step in range(steps):
         g = torch.randn(shape, generator=gen)
         fed += g
-        payload, _ = ef.encode("w", codecs[step % len(codecs)], g)
+        payload, _ = encode(ef, codecs[step % len(codecs)], g)
         decode_add_payload(payload, sent)
         residual = ef.residuals["w"].double()
         assert torch.allclose(sent + residual, fed, atol=1e-4 * (step + 1) ** 0.5)
@@ -52,10 +59,9 @@ def test_invariant_holds_per_tensor_when_a_set_is_planned_together() -> None:
             k: torch.randn(s, generator=gen) * (10.0 if k == "a" else 1.0)
             for k, s in shapes.items()
         }
-        for key, (payload, out) in ef.encode_all(codec, tensors).items():
+        for key, payload in ef.encode(codec, tensors.items()):
             fed[key] += tensors[key]
             decode_add_payload(payload, sent[key])
-            assert torch.equal(decode_payload(payload, shape=out.shape), out)
             residual = ef.residuals[key].double()
             assert torch.allclose(sent[key] + residual, fed[key], atol=1e-4 * (step + 1) ** 0.5)
 
@@ -69,18 +75,18 @@ def test_topk_residual_keeps_what_was_not_sent_so_it_is_sent_later() -> None:
     ef, codec = ErrorFeedback(), make_codec("topk", density=0.1)
     g = torch.randn(1000)
     total = torch.zeros(1000)
-    decode_add_payload(ef.encode("w", codec, g)[0], total)
+    decode_add_payload(encode(ef, codec, g)[0], total)
     for _ in range(40):
-        decode_add_payload(ef.encode("w", codec, torch.zeros(1000))[0], total)
+        decode_add_payload(encode(ef, codec, torch.zeros(1000))[0], total)
     assert torch.allclose(total, g, atol=1e-2)
 
 
 def test_a_refused_contribution_is_restored_not_lost() -> None:
     ef, codec = ErrorFeedback(), make_codec("topk", density=0.01)
     g1, g2 = torch.randn(500), torch.randn(500)
-    _, sent = ef.encode("w", codec, g1)
+    _, sent = encode(ef, codec, g1)
     ef.credit("w", sent)  # the round closed before the payload arrived
-    payload, _ = ef.encode("w", codec, g2)
+    payload, _ = encode(ef, codec, g2)
     assert torch.allclose(
         decode_payload(payload, shape=(500,)) + ef.residuals["w"], g1 + g2, atol=1e-5
     )
@@ -90,15 +96,15 @@ def test_encode_does_not_modify_the_gradient() -> None:
     for name, params in LOSSY:
         g = torch.randn(2000)
         before = g.clone()
-        ErrorFeedback().encode("w", make_codec(name, **params), g)
+        encode(ErrorFeedback(), make_codec(name, **params), g)
         assert torch.equal(g, before), name
 
 
 def test_state_dict_is_a_snapshot_that_reloads() -> None:
     ef, codec = ErrorFeedback(), make_codec("ecsgd", bits=2, seed=0)
-    ef.encode("w", codec, torch.randn(100))
+    encode(ef, codec, torch.randn(100))
     state = ef.state_dict()
-    ef.encode("w", codec, torch.randn(100))
+    encode(ef, codec, torch.randn(100))
     assert not torch.equal(state["w"], ef.residuals["w"])
     other = ErrorFeedback()
     other.load_state_dict(state)
@@ -123,12 +129,12 @@ def test_fp16_after_topk_releases_at_most_one_update_of_the_residual_per_round()
     for _ in range(30):  # a far phase: 99 % of every update waits in the residual
         g = drift + torch.randn(4000, generator=gen)
         fed += g
-        decode_add_payload(ef.encode("w", topk, g)[0], sent)
+        decode_add_payload(encode(ef, topk, g)[0], sent)
     backlog = float(ef.residuals["w"].norm())
     for _ in range(200):  # the link is near again
         g = drift + torch.randn(4000, generator=gen)
         fed += g
-        step = decode_payload(ef.encode("w", fp16, g)[0], shape=g.shape)
+        step = decode_payload(encode(ef, fp16, g)[0], shape=g.shape)
         sent += step
         assert float(step.norm()) <= 2.001 * float(g.norm())  # g and at most |g| of backlog
         assert torch.allclose(sent + ef.residuals["w"].double(), fed, atol=1e-3)
@@ -138,12 +144,15 @@ def test_fp16_after_topk_releases_at_most_one_update_of_the_residual_per_round()
 def test_a_residual_no_larger_than_the_update_goes_whole() -> None:
     """FP16's own rounding error: every round sends all of it, as textbook error feedback."""
     residual, g = torch.randn(100) * 1e-3, torch.randn(100)
-    p, held = released(make_codec("fp16"), g, residual)
-    assert held is None and torch.equal(p, g + residual)
+    assert release_share(g, residual) is None
+    ef = ErrorFeedback({"w": residual.clone()})
+    _, sent = encode(ef, make_codec("fp32"), g)
+    assert torch.equal(sent, g + residual) and not ef.residuals["w"].any()
 
 
 @pytest.mark.parametrize(("name", "params"), [("topk", {"density": 0.01}), ("ecsgd", {"bits": 2})])
 def test_compressing_codecs_take_the_whole_residual(name: str, params: dict) -> None:
     residual, g = torch.randn(100) * 100, torch.randn(100)
-    p, held = released(make_codec(name, **params), g, residual)
-    assert held is None and torch.equal(p, g + residual)
+    ef = ErrorFeedback({"w": residual.clone()})
+    _, sent = encode(ef, make_codec(name, **params), g)
+    torch.testing.assert_close(sent + ef.residuals["w"], g + residual)

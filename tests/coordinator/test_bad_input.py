@@ -28,6 +28,29 @@ def model_and_spec():
     return [p.detach().clone() for _, p in named], model_spec(named)
 
 
+def hello(
+    cloud: str,
+    name: str,
+    codecs: tuple[str, ...] = ("fp32",),
+    exchanges: tuple[str, ...] = (),
+    **fields: object,
+) -> pb.Hello:
+    """A fresh agent's hello for the default task; ``fields`` set any other field."""
+    weights, spec = model_and_spec()
+    return pb.Hello(
+        frame_version=frame.VERSION,
+        cloud=cloud,
+        name=name,
+        task="chargpt",
+        tensors=specs_to_proto(spec),
+        codecs=list(codecs),
+        last_round=-1,
+        weights_digest=weights_digest(weights),
+        exchanges=list(exchanges),
+        **fields,
+    )
+
+
 def join(
     agent,
     cloud: str,
@@ -36,21 +59,7 @@ def join(
     exchanges: tuple[str, ...] = (),
     last_error: str = "",
 ) -> pb.Welcome:
-    weights, spec = model_and_spec()
-    agent.send(
-        hello=pb.Hello(
-            frame_version=frame.VERSION,
-            cloud=cloud,
-            name=name,
-            task="chargpt",
-            tensors=specs_to_proto(spec),
-            codecs=list(codecs),
-            last_round=-1,
-            weights_digest=weights_digest(weights),
-            exchanges=list(exchanges),
-            last_error=last_error,
-        )
-    )
+    agent.send(hello=hello(cloud, name, codecs, exchanges, last_error=last_error))
     return agent.expect("welcome").welcome
 
 
@@ -182,7 +191,7 @@ def test_bad_contribution_is_refused_and_never_reaches_the_aggregate(serve, raw_
         send(agent, *contribution(deltas(seed)))
         assert agent.expect("receipt").receipt.accepted
     assert aws.expect("round_end").round_end.contributors == 2
-    for got_w, want in zip(running.federation.weights, expected_weights(1, 2), strict=True):
+    for got_w, want in zip(running.federation.model.weights, expected_weights(1, 2), strict=True):
         torch.testing.assert_close(got_w, want, rtol=0, atol=1e-7)
 
 

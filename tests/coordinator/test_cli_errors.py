@@ -69,8 +69,8 @@ def test_damaged_tensor_data_in_a_checkpoint_is_refused_on_load(pki, tmp_path):
 def test_coordinator_with_a_damaged_checkpoint_exits_with_one_line(pki, tmp_path, serve_):
     ckpt = tmp_path / "ckpt"
     fed = serve_(checkpoint_dir=ckpt).federation
-    weights = [w.clone() for w in fed.weights]
-    checkpoint.save(ckpt, checkpoint.Checkpoint(0, fed.digest, weights, None))
+    weights = [w.clone() for w in fed.model.weights]
+    checkpoint.save(ckpt, checkpoint.Checkpoint(0, fed.model.spec_digest, weights, None))
     _damage_tensor_bytes(checkpoint.path_for(ckpt, 0), weights)
     done = serve(pki, "--checkpoint-dir", str(ckpt))
     assert done.returncode == 1, done.stderr

@@ -30,13 +30,13 @@ def test_downlink_error_feedback_equals_the_agents_bit_for_bit():
         params = policy.codec_params(name, round_ - downlink.run.since)
         seed = rounding_seed(SEED, SENDER, round_)
         codec = make_codec(name, seed=seed, **params).for_downlink(3)
-        sent = theirs.encode_all(
-            codec, {t.name: u for t, u in zip(SPEC, updates(round_), strict=True)}
+        sent = dict(
+            theirs.encode(codec, [(t.name, u) for t, u in zip(SPEC, updates(round_), strict=True)])
         )
         for i, t in enumerate(SPEC):
-            assert payloads[i].data == sent[t.name][0]
+            assert payloads[i].data == sent[t.name]
             assert torch.equal(downlink.feedback.residuals[t.name], theirs.residuals[t.name])
-            expected[i] -= decode_payload(sent[t.name][0], shape=t.shape)
+            expected[i] -= decode_payload(sent[t.name], shape=t.shape)
     for got, want in zip(weights, expected, strict=True):  # what agents decode, exactly
         assert torch.equal(got, want)
 

@@ -63,13 +63,13 @@ def test_an_agent_joining_after_the_last_round_gets_the_final_weights(serve, raw
             tensors=specs_to_proto(spec),
             codecs=["fp32"],
             last_round=0,
-            weights_digest=running.federation.weights_digest,
+            weights_digest=running.federation.model.weights_digest,
         )
     )
     assert late.expect("welcome").welcome.weights_follow
     end = late.expect("weights_end").weights_end
     assert end.final
-    assert (end.round, end.weights_digest) == (0, running.federation.weights_digest)
+    assert (end.round, end.weights_digest) == (0, running.federation.model.weights_digest)
 
 
 @pytest.mark.multiprocess
@@ -84,4 +84,4 @@ def test_an_agent_process_that_missed_the_last_round_takes_the_final_weights_and
     proc = reaped.start("gcp", command("agent", "start", *flags))
     assert proc.wait(timeout=120) == 0, reaped.log("gcp")[-3000:]
     rep = json.loads(report.read_text())
-    assert (rep["round"], rep["weights_digest"]) == (0, running.federation.weights_digest)
+    assert (rep["round"], rep["weights_digest"]) == (0, running.federation.model.weights_digest)

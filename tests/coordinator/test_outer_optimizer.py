@@ -95,7 +95,7 @@ def rounds_through_a_coordinator(pki, ckpt, first: int, count: int) -> list[torc
                 assert agent.expect("round_end", skip=skip).round_end.round == r
         finally:
             agent.close()
-        return [w.clone() for w in running.federation.weights]
+        return [w.clone() for w in running.federation.model.weights]
 
 
 def test_the_outer_momentum_survives_a_coordinator_restart(pki, tmp_path):

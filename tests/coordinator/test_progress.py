@@ -85,12 +85,12 @@ def test_the_observer_writes_a_round_again_when_its_links_are_timed(tmp_path, pk
     federation = build_federation(config)
     observer = Observer(federation, config)
     with federation.cond:
-        federation.history.append(RoundStats(round=0, duration_s=2.0, train_s=1.0))
+        federation.rounds.history.append(RoundStats(round=0, duration_s=2.0, train_s=1.0))
     observer.poll()
     observer.poll()  # nothing new: nothing written
     timed = Efficiency(**efficiency("aws-1", 0, floor_s=0.25, ratio=3.0))
     with federation.cond:
-        federation.history[0].links.append(timed)  # as the agent's next contribution does
+        federation.rounds.history[0].links.append(timed)  # as the agent's next contribution does
     observer.poll()
     observer.poll()
     lines = read(tmp_path / "rounds.jsonl")

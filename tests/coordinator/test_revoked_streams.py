@@ -37,7 +37,7 @@ def test_revoked_agents_open_stream_ends_and_its_contribution_is_withdrawn(serve
     assert gcp.expect("receipt").receipt.accepted
     end = gcp.expect("round_end").round_end
     assert end.contributors == 1
-    for got, want in zip(running.federation.weights, expected_weights(2), strict=True):
+    for got, want in zip(running.federation.model.weights, expected_weights(2), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-7)  # as if aws never sent
 
     status = fetch_status(f"localhost:{running.port}", pki.directory, "coordinator")

@@ -81,7 +81,7 @@ def test_half_sent_contribution_at_the_deadline_is_refused_and_not_summed(serve,
     receipt = half.expect("receipt").receipt
     assert (receipt.accepted, receipt.code) == (False, grpc.StatusCode.ABORTED.value[0])
     assert done.expect("round_end").round_end.contributors == 1
-    for got, want in zip(running.federation.weights, expected_weights(1), strict=True):
+    for got, want in zip(running.federation.model.weights, expected_weights(1), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
     assert half.expect("round_end").round_end.round == 0
     send(half, None, chunks[len(chunks) // 2 :])  # the rest is discarded, the session goes on
@@ -102,7 +102,7 @@ def test_restarted_agent_is_not_counted_twice_in_one_round(serve, raw_agent):
     assert (receipt.accepted, receipt.code) == (False, grpc.StatusCode.ALREADY_EXISTS.value[0])
     send(other, *contribution(deltas(2)))
     assert again.expect("round_end").round_end.contributors == 2
-    for got, want in zip(running.federation.weights, expected_weights(1, 2), strict=True):
+    for got, want in zip(running.federation.model.weights, expected_weights(1, 2), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
 
 
@@ -114,26 +114,26 @@ def test_a_light_broadcast_after_topk_releases_the_backlog_one_update_at_a_time(
     send(lossy, *contribution(big, round=0))
     assert lossy.expect("receipt").receipt.accepted
     lossy.expect("round_end")
-    backlog = [r.clone() for r in running.federation.downlink.residual_list()]
+    backlog = [r.clone() for r in running.federation.model.downlink.residual_list()]
     lossy.close()
     plain = raw_agent(running.port, "gcp-1")
     assert join(plain, "gcp", "gcp-1").codec == "fp32"
     plain.expect("weights_end")
-    before = [w.clone() for w in running.federation.weights]
+    before = [w.clone() for w in running.federation.model.weights]
     send(plain, *contribution(deltas(2), round=1))
     assert plain.expect("receipt").receipt.accepted
     plain.expect("round_end")
-    assert running.federation.history[-1].downlink_codec == "fp32"
-    moved = zip(before, running.federation.weights, deltas(2), backlog, strict=True)
+    assert running.federation.rounds.history[-1].downlink_codec == "fp32"
+    moved = zip(before, running.federation.model.weights, deltas(2), backlog, strict=True)
     bounded = [(w0, w1, d) for w0, w1, d, held in moved if held.norm() > d.norm()]
     assert bounded, "no tensor held more than its update: the test checks nothing"
     for w0, w1, d in bounded:  # at most the update and one update's worth of backlog
         assert (w0 - w1).norm() <= 2.001 * d.norm()
     # Nothing is lost: what moved plus what is still held is both rounds' work.
-    residual = running.federation.downlink.residual_list()
+    residual = running.federation.model.downlink.residual_list()
     weights, _ = model_and_spec()
     for w, w1, b, d, r in zip(
-        weights, running.federation.weights, big, deltas(2), residual, strict=True
+        weights, running.federation.model.weights, big, deltas(2), residual, strict=True
     ):
         torch.testing.assert_close(w - w1 + r, b + d, rtol=0, atol=1e-5)
 
@@ -147,8 +147,8 @@ def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_ba
     send(lossy, *contribution(deltas(1), round=0))
     assert lossy.expect("receipt").receipt.accepted
     lossy.expect("round_end")
-    assert running.federation.history[-1].downlink_codec == "topk"
-    assert any(r.abs().sum() > 0 for r in running.federation.downlink.residual_list())
+    assert running.federation.rounds.history[-1].downlink_codec == "topk"
+    assert any(r.abs().sum() > 0 for r in running.federation.model.downlink.residual_list())
     lossy.close()
     plain = raw_agent(running.port, "gcp-1")
     assert join(plain, "gcp", "gcp-1").codec == "fp32"  # this agent cannot decode topk
@@ -156,10 +156,10 @@ def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_ba
     send(plain, *contribution(deltas(2), round=1))
     assert plain.expect("receipt").receipt.accepted
     plain.expect("round_end")
-    assert running.federation.history[-1].downlink_codec == "fp32"
+    assert running.federation.rounds.history[-1].downlink_codec == "fp32"
     # Both rounds' means (one contributor each) reached the weights in full.
     weights, _ = model_and_spec()
-    applied = zip(running.federation.weights, weights, deltas(1), deltas(2), strict=True)
+    applied = zip(running.federation.model.weights, weights, deltas(1), deltas(2), strict=True)
     for got, w, d1, d2 in applied:
         torch.testing.assert_close(got, w - d1 - d2, rtol=0, atol=1e-6)
 
@@ -171,7 +171,7 @@ def test_quorum_is_a_minimum_even_when_every_member_has_contributed(serve, raw_a
     send(aws, *contribution(deltas(1)))
     assert aws.expect("receipt").receipt.accepted
     time.sleep(1.0)  # the lone member has sent and the deadline is long past
-    assert running.federation.round == 0
+    assert running.federation.model.round == 0
     gcp = raw_agent(running.port, "gcp-1")
     join(gcp, "gcp", "gcp-1")
     send(gcp, *contribution(deltas(2)))

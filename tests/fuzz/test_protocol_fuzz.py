@@ -195,7 +195,7 @@ def test_fuzzed_sessions_leave_the_coordinator_serving_a_good_agent(pki, tmp_pat
             channel.close()
         digest = _good_agent_trains(address, pki.directory, tmp_path)
         assert running.driver.is_alive()
-        assert digest == running.federation.weights_digest
+        assert digest == running.federation.model.weights_digest
     summary = {"cases": sum(codes.values()), "seconds": round(elapsed_s, 1), "codes": dict(codes)}
     print(f"fuzz summary: {json.dumps(summary)}")
 

@@ -231,7 +231,7 @@ def test_topk_warmup_starts_again_when_a_link_switches_to_topk(serve, raw_agent)
     assert [codec for _, codec, _ in ends] == ["fp16", "topk", "topk", "topk"]
     topk_bytes = [size for _, _, size in ends[1:]]  # the downlink's rounds 2, 3, 4
     assert topk_bytes[0] > 2 * topk_bytes[1] > 4 * topk_bytes[2]
-    assert running.federation.downlink.run == CodecRun("topk", 2)
+    assert running.federation.model.downlink.run == CodecRun("topk", 2)
 
 
 def test_topk_warmup_goes_on_where_it_was_when_an_agent_reconnects(serve, raw_agent):
@@ -273,4 +273,4 @@ def test_claimed_link_figures_the_coordinator_does_not_see_move_no_codec(serve, 
     skip = ("heartbeat", "chunk", "receipt")
     assert liar.expect("round_end", skip=skip).round_end.codec == "fp16"
     assert honest.expect("round_end", skip=skip).round_end.codec == "fp16"
-    assert running.federation.history[-1].downlink_codec == "fp16"
+    assert running.federation.rounds.history[-1].downlink_codec == "fp16"

@@ -93,7 +93,7 @@ def wait_for_stripes(running, stripes: int = STREAMS - 1) -> None:
     """Until the coordinator holds the session's stripes (their TLS handshakes are done)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if [s.stripes for s in running.federation.sessions.values()] == [stripes]:
+        if [s.stripes for s in running.federation.admission.sessions.values()] == [stripes]:
             return
         time.sleep(0.02)
     raise AssertionError("the stripes never joined")
@@ -144,7 +144,7 @@ def assert_round_exact(running, link: Link, seed: int) -> None:
     weights, _ = model_and_spec()
     for got, w, new in zip(aggregate, weights, want, strict=True):
         assert torch.equal(w - got, new)  # the agent applies exactly what the coordinator did
-    for got, new in zip(running.federation.weights, want, strict=True):
+    for got, new in zip(running.federation.model.weights, want, strict=True):
         assert torch.equal(got, new)
 
 
@@ -173,7 +173,7 @@ def test_each_stripe_is_its_own_tcp_connection_of_the_one_session(serve, pki, re
         assert_round_exact(running, link, seed=1)
         assert len(relay.connections) == STREAMS  # one TCP connection per stripe
         assert all(c.up_bytes > CHUNK for c in relay.connections)  # each carried chunks
-        (session,) = running.federation.sessions.values()
+        (session,) = running.federation.admission.sessions.values()
         monitor = running.federation.links.get(session).monitor
         deadline = time.monotonic() + 10
         while not monitor.rtt_samples and time.monotonic() < deadline:
@@ -221,7 +221,7 @@ def test_a_stripe_cut_mid_broadcast_loses_nothing(serve, pki, relay_to):
         contribute(link, seed=2)
         assert_round_exact(running, link, seed=2)
         assert relay.cut_done.is_set()
-        (session,) = running.federation.sessions.values()
+        (session,) = running.federation.admission.sessions.values()
         assert session.outbox.spread.resent > 0
     finally:
         link.close()

@@ -1,0 +1,1 @@
+"""Coordinator replicas: one leader elected through etcd, standbys that point agents at it."""

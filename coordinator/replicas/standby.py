@@ -1,0 +1,152 @@
+"""A standby replica's port: agents are told who leads, operators get the replicas' status.
+
+It serves the same ``Federation`` service on the same port as the leader would, so an
+agent that dials a standby learns the leader's HOST:PORT from the refusal
+(UNAVAILABLE, trailing metadata ``skyfed-leader``: ``coordinator/status_codes.py``) and
+dials it next (docs/failover.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.replicas.election import Elector
+from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
+from skyfed.coordinator.status import ReplicaInfo, ReplicaSet, Status
+from skyfed.coordinator.status_codes import abort
+from skyfed.errors import FederationError, NotLeaderError
+from skyfed.proto import federation_pb2 as pb
+from skyfed.proto import serde
+
+log = logging.getLogger(__name__)
+
+WORKERS = 8
+
+
+class Standing:
+    """A replica's standing for the servicers: leads or not, who does, every replica."""
+
+    def __init__(self, elector: Elector) -> None:
+        self.elector = elector
+
+    def check(self) -> None:
+        """Raise NotLeaderError, naming the leader when known, unless this replica leads."""
+        if self.elector.leading:
+            return
+        leader = self.elector.leader
+        if leader is None or leader.replica == self.elector.replica:
+            raise NotLeaderError(
+                f"replica {self.elector.replica} is a standby; no leader known yet"
+            )
+        raise NotLeaderError(
+            f"replica {self.elector.replica} is a standby; the leader is {leader.replica} at "
+            f"{leader.address} (term {leader.term})",
+            leader=leader.address,
+        )
+
+    def replica_set(self) -> ReplicaSet:
+        leader = self.elector.leader
+        members = [ReplicaInfo(r.name, r.address) for r in self.elector.replicas]
+        return ReplicaSet(
+            replica=self.elector.replica,
+            leading=self.elector.leading,
+            term=leader.term if leader else 0,
+            leader=leader.replica if leader else "",
+            leader_address=leader.address if leader else "",
+            members=members,
+        )
+
+
+class StandbyServicer:
+    """Session and Stripe end at once with the leader's address; Status answers with the
+    replicas alone (a standby holds no round)."""
+
+    def __init__(self, standing: Standing, auth: PeerAuthenticator) -> None:
+        self.standing = standing
+        self.auth = auth
+        self.started = time.monotonic()
+
+    def Session(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        self._refuse(context)
+        yield from ()  # a stream handler; never reached
+
+    def Stripe(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        self._refuse(context)
+        yield from ()
+
+    def _refuse(self, context: grpc.ServicerContext) -> None:
+        try:
+            identity = self.auth.identify(context)
+            self.standing.check()
+        except FederationError as exc:
+            log.debug("[Federation.Session] standby refused peer=%s: %s", context.peer(), exc)
+            abort(context, exc)
+        log.info("[Federation.Session] agent=%s: leading again, dial once more", identity.uri)
+        elected = NotLeaderError("this replica was elected just now: dial it again")
+        elected.leader = self.standing.elector.address
+        abort(context, elected)
+
+    def Status(self, request: bytes, context: grpc.ServicerContext) -> pb.StatusReply:  # noqa: N802
+        try:
+            self.auth.require_admin(context)
+            serde.parse(pb.StatusRequest, request)
+        except FederationError as exc:
+            abort(context, exc)
+        status = Status(
+            round=0,
+            agents=[],
+            weights_digest="",
+            uptime_s=time.monotonic() - self.started,
+            rounds=[],
+            finished=False,
+            exchange="",
+            replicas=self.standing.replica_set(),
+        )
+        return serde.status_to_proto(status)
+
+
+@contextlib.contextmanager
+def standby_server(config: CoordinatorConfig, listen: str, standing: Standing) -> Iterator[int]:
+    """The standby's gRPC port on ``listen`` (mTLS, as the leader's), until the block
+    exits; yields the bound port."""
+    assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
+    creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="standby"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    servicer = StandbyServicer(standing, PeerAuthenticator(config.crl, config.ca))
+    handlers = {
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session, response_serializer=serde.coordinator_message_bytes
+        ),
+        "Stripe": grpc.stream_stream_rpc_method_handler(
+            servicer.Stripe, response_serializer=serde.coordinator_message_bytes
+        ),
+        "Status": grpc.unary_unary_rpc_method_handler(
+            servicer.Status, response_serializer=pb.StatusReply.SerializeToString
+        ),
+    }
+    service = pb.DESCRIPTOR.services_by_name["Federation"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    checks = health.HealthServicer()
+    checks.set("", health_pb2.HealthCheckResponse.SERVING)  # the process is up...
+    checks.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)  # ...and leads no round
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    port = server.add_secure_port(listen, creds)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    server.start()
+    log.info("[Coordinator.Standby] replica=%s port=%d", standing.elector.replica, port)
+    try:
+        yield port
+    finally:
+        server.stop(grace=0).wait(timeout=5)

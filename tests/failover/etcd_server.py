@@ -1,0 +1,154 @@
+"""A real etcd for tests: Debian's ``etcd-server`` on free loopback ports in a temp dir,
+and a TCP relay in front of it that a test can cut, to partition one replica from it."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyfed.procs import terminate
+
+START_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """etcd's own certificate, and the CA whose certificates its clients must show."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+
+
+class EtcdServer:
+    """One etcd member, single-node cluster, data in ``directory``; with ``tls``, its
+    clients speak https and must show a certificate of ``tls.client_ca``."""
+
+    def __init__(self, directory: Path, tls: ServerTls | None = None) -> None:
+        binary = shutil.which("etcd")
+        if binary is None:  # a missing part fails the test, never skips it
+            raise RuntimeError("etcd is not installed: bash .ci/system-packages (etcd-server)")
+        self.directory = directory
+        self.tls = tls
+        self.client_port, self.peer_port = free_port(), free_port()
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        directory.mkdir(parents=True, exist_ok=True)
+        argv = [
+            binary,
+            "--name=test",
+            f"--data-dir={directory / 'data'}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=test={peer}",
+            "--log-level=warn",
+        ]
+        if tls is not None:
+            argv += [
+                f"--cert-file={tls.cert}",
+                f"--key-file={tls.key}",
+                "--client-cert-auth",
+                f"--trusted-ca-file={tls.client_ca}",
+            ]
+        self._log = open(directory / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        """Until the client port accepts connections (with TLS the tests check more)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited {self.proc.returncode}: see {self.directory}")
+            if self.tls is not None:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", self.client_port), timeout=1),
+                ):
+                    return
+            else:
+                with (
+                    contextlib.suppress(OSError),
+                    urllib.request.urlopen(self.url + "/health", timeout=1) as reply,
+                ):
+                    if b'"true"' in reply.read():
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"etcd not healthy within {START_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        terminate(self.proc)
+        self._log.close()
+
+
+class Relay:
+    """A TCP relay to ``port``: what a replica sees as its etcd. ``cut()`` drops every
+    connection and black-holes new ones (accepted, never answered), as a partition does."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._cut = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self._cut.set()
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            self._sockets.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._sockets.append(client)
+            if self._cut.is_set():
+                continue  # held open, never answered
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    for s in (source, sink):
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
