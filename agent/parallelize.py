@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from skyfed.agent.config import DP_MODES
 from skyfed.fingerprint import TensorInfo, model_spec
+from skyfed.tasks.plans import check as check_plan
 from skyfed.wire import ShardCoords
 
 log = logging.getLogger(__name__)
@@ -65,11 +66,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, Any]) -> nn.
     """Apply the TP ``plan`` on ``mesh``'s "tp" dimension in place; parameters it names
     become DTensors, the rest stay plain (replicated). A 1-D mesh is taken as "tp" itself."""
     tp_mesh = _tp_mesh(mesh)
-    if tp_mesh.size() > 1 and not plan:
-        raise ValueError(
-            f"tp={tp_mesh.size()} needs a task with a tp_plan(); this one has none (use tp=1)"
-        )
-    check_plan(model, plan)
+    check_plan(model, plan, tp_mesh.size())  # the preflight's check, for a library caller too
     from torch.distributed.tensor.parallel import parallelize_module
 
     return parallelize_module(model, tp_mesh, plan)
@@ -78,18 +75,6 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, Any]) -> nn.
 def _tp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     names = mesh.mesh_dim_names or ()
     return mesh["tp"] if mesh.ndim > 1 and "tp" in names else mesh
-
-
-def check_plan(model: nn.Module, plan: dict[str, Any]) -> None:
-    """ValueError naming the first module ``plan`` names that ``model`` lacks (torch's own
-    error for it is a traceback deep inside ``parallelize_module``)."""
-    names = {name for name, _ in model.named_modules()}
-    for path in plan:
-        if "*" not in path and path not in names:
-            raise ValueError(
-                f"the task's tp_plan() names module {path!r}, which the model lacks; fix the "
-                "plan or run with --tp 1"
-            )
 
 
 def resolve_dp_mode(mode: str, model: nn.Module, dp: int, device: torch.device) -> str:
