@@ -81,7 +81,7 @@ class PayloadBuffer:
 
     def __init__(self, memory: Callable[[int], memoryview] | None = None) -> None:
         """``memory(nbytes)`` lends writable memory to grow into (a pool that keeps it
-        mapped between rounds, ``skyfed/payload_pool.py``); new numpy memory without it."""
+        mapped between rounds, ``coordinator/payload_pool.py``); new numpy memory without it."""
         # numpy memory: every tensor, array and memoryview made from it holds a reference
         # to this array, so its reference count says whether a payload is still held.
         self._memory_B = np.empty(0, dtype=np.uint8)

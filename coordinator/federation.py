@@ -25,11 +25,11 @@ from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
 from skyfed.coordinator.model import Model, RoundRules
+from skyfed.coordinator.payload_pool import PayloadPool
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.status import Status, build_status
 from skyfed.files import write_text_atomic
 from skyfed.fingerprint import TensorInfo
-from skyfed.payload_pool import PayloadPool
 from skyfed.proto import serde
 from skyfed.wire import max_payload_bytes, raw_bytes
 

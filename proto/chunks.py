@@ -103,7 +103,7 @@ class Assembler:
     ) -> None:
         """``memory(nbytes, codec)`` lends the buffer a payload of several chunks, of the
         codec its chunks name, is copied into (writable, not zeroed: pooled memory,
-        ``skyfed/payload_pool.py``, or a region of a file, ``coordinator/spill.py``); new
+        ``coordinator/payload_pool.py``, or a region of a file, ``coordinator/spill.py``); new
         numpy memory without it."""
         self.kind = kind
         self.round = round

@@ -214,7 +214,7 @@ class Serialized:
     Its bytes are ``parts`` in order. A broadcast chunk's parts are its header, a view of
     the pooled payload's memory and its crc32, joined only when a session's sender asks
     for :attr:`data` (docs/scale.md, Streams): the queue then holds the payload's own
-    memory (``skyfed/payload_pool.py``, which lends it again only once no queued chunk
+    memory (``coordinator/payload_pool.py``, which lends it again only once no queued chunk
     refers to it), not a copy of every chunk in new memory, for one short-lived 1 MiB
     copy per session and chunk.
     """
