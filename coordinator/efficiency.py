@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from skyfed.coordinator.streams import mathis_mbit
+from skyfed.netinfo import MSS_BYTES, mathis_mbit
 
 HIGH_RATIO = 1.5
 """Above this exchange / floor ratio the link's limit is named."""
@@ -72,7 +72,7 @@ def assess(
     loss_pct: float,
     rate_mbit: float,
     max_streams: int,
-    mss_bytes: int = 1448,
+    mss_bytes: int = MSS_BYTES,
     loss_based: bool = True,
 ) -> Efficiency:
     """The exchange against the floor of a link at ``rtt_ms``, ``loss_pct`` and ``rate_mbit``

@@ -16,11 +16,10 @@ from skyfed.coordinator.session import Session
 from skyfed.coordinator.streams import (
     StreamsConfig,
     StreamsState,
-    mathis_mbit,
     step,
     streams_for,
 )
-from skyfed.netinfo import CongestionControl
+from skyfed.netinfo import CongestionControl, mathis_mbit
 
 
 def run(
