@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from skyfed.netinfo import MSS_BYTES, mathis_mbit
+from skyfed.status import Efficiency
 
 HIGH_RATIO = 1.5
 """Above this exchange / floor ratio the link's limit is named."""
@@ -35,27 +36,6 @@ class Exchange:
     bytes_down: int
     streams: int
     """Connections the session striped over in that round."""
-
-
-@dataclass(frozen=True, slots=True)
-class Efficiency:
-    """An exchange against its floor: what status shows for a link and a round."""
-
-    round: int
-    exchange_s: float
-    floor_s: float
-    ratio: float
-    rtt_ms: float
-    rate_mbit: float
-    """The rate the floor assumes."""
-    goodput_mbit: float
-    """The exchange's bytes over its time."""
-    streams: int
-    limit: str
-    """What holds the exchange above its floor ("" when within :data:`HIGH_RATIO`)."""
-    cloud: str = ""
-    name: str = ""
-    """The agent whose link it is (filled in by the coordinator for status)."""
 
 
 def floor_s(rtt_ms: float, nbytes: int, rate_mbit: float) -> float:

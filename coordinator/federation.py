@@ -27,10 +27,11 @@ from skyfed.coordinator.links import Links
 from skyfed.coordinator.model import Model, RoundRules
 from skyfed.coordinator.payload_pool import PayloadPool
 from skyfed.coordinator.rounds import Rounds
-from skyfed.coordinator.status import Status, build_status
+from skyfed.coordinator.snapshot import build_status
 from skyfed.files import write_text_atomic
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import serde
+from skyfed.status import Status
 from skyfed.wire import max_payload_bytes, raw_bytes
 
 log = logging.getLogger(__name__)

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 from skyfed import failpoints
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.round import Round
-from skyfed.coordinator.status import RoundStats
 from skyfed.fingerprint import DigestStream
 from skyfed.logs import Phases
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
+from skyfed.status import RoundStats
 from skyfed.wire import ChunkKind, Payload, RoundEnd, raw_bytes
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.limits import hello_due, stripes_allowed
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
-from skyfed.coordinator.status import ReplicaSet
 from skyfed.coordinator.status_codes import abort, status_code
 from skyfed.errors import FederationError, ProtocolError, TooManyStreamsError
 from skyfed.logs import Throttle
@@ -26,6 +25,7 @@ from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
+from skyfed.status import ReplicaSet
 from skyfed.wire import (
     AgentMessage,
     Announce,

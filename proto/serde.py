@@ -1,7 +1,7 @@
 """Every conversion between protobuf messages and our own objects, in one place.
 
 The rest of skyfed works on the dataclasses of ``skyfed/wire.py`` and
-``coordinator/status.py``; the servicer, the agent's link and the admin client call these
+``skyfed/status.py``; the servicer, the agent's link and the admin client call these
 at the stream. Our field names are the messages' own, so most conversions copy by name
 (:func:`_to_proto`, :func:`_from_proto`) and say only what differs.
 """
@@ -19,11 +19,10 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from skyfed.compression.monitor import Window
-from skyfed.coordinator.efficiency import Efficiency
-from skyfed.coordinator.status import AgentStatus, ReplicaInfo, ReplicaSet, RoundStats, Status
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
+from skyfed.status import AgentStatus, Efficiency, ReplicaInfo, ReplicaSet, RoundStats, Status
 from skyfed.wire import (
     AgentMessage,
     Announce,

@@ -21,10 +21,10 @@ from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import agents_table, fetch_status
 from skyfed.coordinator.admin import summary_table as run_summary
 from skyfed.coordinator.snapshot import to_data
-from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import serde
 from skyfed.report import make_report
+from skyfed.status import Status
 from skyfed.validate import require
 from skyfed.wire import EXCHANGES
 

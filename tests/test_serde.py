@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from skyfed.compression.monitor import Window
-from skyfed.coordinator.status import AgentStatus, RoundStats, Status
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
+from skyfed.status import AgentStatus, RoundStats, Status
 from skyfed.wire import (
     MAX_LOCAL_STEPS,
     Announce,

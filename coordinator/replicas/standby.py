@@ -20,11 +20,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.replicas.election import Elector
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.status import ReplicaInfo, ReplicaSet, Status
 from skyfed.coordinator.status_codes import abort
 from skyfed.errors import FederationError, NotLeaderError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
+from skyfed.status import ReplicaInfo, ReplicaSet, Status
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,13 @@ import dataclasses
 import json
 
 from skyfed.coordinator.config import CoordinatorConfig
-from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.history import RunHistory, read
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.progress import headline
 from skyfed.coordinator.server import build_federation
 from skyfed.coordinator.snapshot import waiting_for
-from skyfed.coordinator.status import RoundStats
+from skyfed.status import Efficiency, RoundStats
 
 
 def snap(**fields) -> dict:
