@@ -16,7 +16,7 @@ from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
 from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
-from skyfed.config import load_config
+from skyfed.config.load import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.outer import OUTER_OPTIMIZERS

@@ -13,7 +13,7 @@ from skyfed.compression.policy import (
     GRADIENT_TOPK_DENSITY,
     PolicyConfig,
 )
-from skyfed.config import load_config
+from skyfed.config.load import load_config
 from skyfed.coordinator.config import CoordinatorConfig
 
 

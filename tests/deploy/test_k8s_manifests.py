@@ -18,7 +18,7 @@ import yaml
 from skyfed.agent.cli import main as agent_cli
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.launch import EXIT_NO_SESSION, EXIT_REFUSED
-from skyfed.config import load_config
+from skyfed.config.load import load_config
 from skyfed.coordinator.cli import main as coordinator_cli
 from skyfed.coordinator.config import CoordinatorConfig
 
