@@ -11,7 +11,7 @@ import click
 
 from skyfed.agent.config import DP_MODES, AgentConfig
 from skyfed.agent.placement import LAUNCHERS
-from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
+from skyfed.config.flags import field_flags, log_options, metrics_options, show_defaults
 from skyfed.config.load import load_config
 from skyfed.logs import setup_logging
 

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
-from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
+from skyfed.config.flags import field_flags, log_options, metrics_options, show_defaults
 from skyfed.config.load import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig

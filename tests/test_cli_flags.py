@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from skyfed.agent.cli import start
 from skyfed.agent.config import AgentConfig
-from skyfed.cliflags import NO_FLAG, missing_flags
+from skyfed.config.flags import NO_FLAG, missing_flags
 from skyfed.coordinator.cli import serve
 from skyfed.coordinator.config import CoordinatorConfig
 
