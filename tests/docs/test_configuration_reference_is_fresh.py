@@ -1,12 +1,12 @@
-"""docs/configuration.md is exactly what ``python -m skyfed.configref`` writes today."""
+"""docs/configuration.md is exactly what ``python -m skyfed.config.reference`` writes today."""
 
-from skyfed import configref
+from skyfed.config import reference as configref
 
 
 def test_configuration_reference_matches_the_config_docstrings():
     fresh = configref.render(configref.find_configs())
     assert configref.OUTPUT.read_text() == fresh, (
-        f"{configref.OUTPUT} is stale: run `make docs` (python -m skyfed.configref)"
+        f"{configref.OUTPUT} is stale: run `make docs` (python -m skyfed.config.reference)"
     )
 
 
