@@ -30,7 +30,7 @@ proto:
 # metrics (the catalog), the CLI (the click commands), measured results (bench/results/).
 docs:
 	python -m skyfed.config.reference
-	python -m skyfed.cliref
+	python -m skyfed.config.cliref
 	python -m skyfed.metrics.reference
 	python bench/results_index.py
 
