@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyfed.agent.placement import LAUNCHERS
-from skyfed.validate import require
+from skyfed.config.checks import require
 from skyfed.wire import MAX_LOCAL_STEPS
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -22,7 +22,6 @@ from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
-from skyfed.validate import printable
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -34,6 +33,7 @@ from skyfed.wire import (
     Receipt,
     RoundEnd,
     Welcome,
+    printable,
 )
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from skyfed.validate import require
+from skyfed.config.checks import require
 
 
 @dataclass(kw_only=True, slots=True)

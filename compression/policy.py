@@ -36,7 +36,7 @@ from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
 from skyfed.compression.registry import codec_names, decode_add_payload, make_codec
 from skyfed.compression.schedule import DensityWarmup
-from skyfed.validate import require
+from skyfed.config.checks import require
 
 MODES = ("table", "cost")
 

@@ -10,11 +10,11 @@ from typing import Any
 from skyfed.compression import codec_names
 from skyfed.compression.monitor import MonitorConfig
 from skyfed.compression.policy import PolicyConfig
+from skyfed.config.checks import require
 from skyfed.coordinator.outer import OuterSettings
 from skyfed.coordinator.replicas.settings import certificate_stem, check_replica_options
 from skyfed.coordinator.streams import StreamsConfig
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES
-from skyfed.validate import require
 from skyfed.wire import EXCHANGES
 
 

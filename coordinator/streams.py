@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from skyfed.config.checks import require
 from skyfed.netinfo import MSS_BYTES, mathis_mbit
-from skyfed.validate import require
 
 
 @dataclass(kw_only=True, slots=True)

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from skyfed.certs.testing import make_federation
+from skyfed.config.checks import require
 from skyfed.coordinator.admin import agents_table, fetch_status
 from skyfed.coordinator.admin import summary_table as run_summary
 from skyfed.coordinator.snapshot import to_data
@@ -25,7 +26,6 @@ from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import serde
 from skyfed.report import make_report
 from skyfed.status import Status
-from skyfed.validate import require
 from skyfed.wire import EXCHANGES
 
 CLOUDS = ("aws", "gcp", "azure")

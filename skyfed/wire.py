@@ -16,7 +16,6 @@ from typing import Any
 from skyfed.compression.frame import VERSION as FRAME_VERSION
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
-from skyfed.validate import is_text, is_token
 
 EXCHANGES = ("delta", "gradient")
 """What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
@@ -243,6 +242,27 @@ class WeightsEnd:
 
 
 CoordinatorMessage = Welcome | Chunk | Receipt | RoundEnd | WeightsEnd | Heartbeat
+
+
+# ---- strings from a peer: which are accepted, and how a log line shows them ----------------
+
+
+def is_token(text: str) -> bool:
+    """A name, codec, digest or URI as a peer may send it: printable, with no space. No
+    newline, tab, ESC or bidi control can reach a log line or a terminal through one."""
+    return text.isprintable() and " " not in text
+
+
+def is_text(text: str) -> bool:
+    """Free text a peer may send (a task reference, a refusal's reason): printable,
+    spaces allowed, no control character."""
+    return text.isprintable()
+
+
+def printable(text: str) -> str:
+    """``text`` as a log line may show it: any control character escaped (``\\n``,
+    ``\\x1b``), so a string from a peer cannot forge or colour a line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 # ---- bounds: every field of every agent message, checked once as it leaves serde ----------

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from skyfed.certs.identity import COORDINATOR_NAME, NAME_PATTERN, replica_name
-from skyfed.validate import require
+from skyfed.config.checks import require
 
 if TYPE_CHECKING:
     from skyfed.coordinator.config import CoordinatorConfig

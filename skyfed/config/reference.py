@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is stale: run `python -m skyfed.config.reference`", file=sys.stderr)
+            print(
+                f"{args.output} is stale: run `python -m skyfed.config.reference`", file=sys.stderr
+            )
             return 1
         return 0
     args.output.parent.mkdir(parents=True, exist_ok=True)
