@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from skyfed.files import regenerate
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "docs" / "cli.md"
 
@@ -107,15 +109,7 @@ def _cell(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    fresh = render(entry_points())
-    if "--check" in argv:
-        if OUTPUT.read_text() != fresh:
-            print(f"{OUTPUT} is stale: run python -m skyfed.config.cliref", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(fresh)
-    print(OUTPUT)
-    return 0
+    return regenerate(OUTPUT, render(entry_points()), "python -m skyfed.config.cliref", argv)
 
 
 if __name__ == "__main__":

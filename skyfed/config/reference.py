@@ -9,7 +9,6 @@ rewrites ``docs/configuration.md``; ``--check`` exits 1 when it is stale;
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import importlib
@@ -18,6 +17,8 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from skyfed.files import regenerate
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "docs" / "configuration.md"
@@ -218,25 +219,10 @@ def undocumented(configs: list[ConfigDoc]) -> list[str]:
     return [f"{c.name}.{f.name}" for c in configs for f in c.fields if not f.doc]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m skyfed.config.reference", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    parser.add_argument("--output", type=Path, default=OUTPUT, help="default: %(default)s")
-    args = parser.parse_args(argv)
-    text = render(find_configs())
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(
-                f"{args.output} is stale: run `python -m skyfed.config.reference`", file=sys.stderr
-            )
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
-    return 0
+def main(argv: list[str]) -> int:
+    fresh = render(find_configs())
+    return regenerate(OUTPUT, fresh, "python -m skyfed.config.reference", argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
