@@ -137,16 +137,6 @@ class Decision:
     """The link's rate the step went by (nan: not known)."""
 
 
-def streams_for(
-    goodput_mbit: float, rtt_ms: float, loss_pct: float, mss_bytes: int = MSS_BYTES
-) -> int:
-    """Streams the model says ``goodput_mbit`` needs at this RTT and loss (at least 1)."""
-    cap = mathis_mbit(rtt_ms, loss_pct, mss_bytes)
-    if not (math.isfinite(cap) and cap > 0 and goodput_mbit > 0):
-        return 1
-    return max(1, math.ceil(goodput_mbit / cap))
-
-
 def step(
     state: StreamsState,
     goodput_mbit: float,

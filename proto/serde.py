@@ -105,12 +105,6 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
-def agent_message_from_bytes(data: bytes) -> AgentMessage | None:
-    """Parse what an agent sent (the servicer receives raw bytes): ProtocolError, hence
-    INVALID_ARGUMENT, for bytes that are no ``AgentMessage`` or a field out of bounds."""
-    return agent_message_from_proto(parse(pb.AgentMessage, data))
-
-
 def parse(message: type[Message], data: bytes) -> Any:
     """``message`` parsed from ``data``, or ProtocolError saying why not."""
     try:
@@ -231,10 +225,6 @@ class Serialized:
     def size(self) -> int:
         """How many bytes :attr:`data` holds, without joining them."""
         return sum(len(p) for p in self.parts)
-
-
-def serialized(m: pb.CoordinatorMessage) -> Serialized:
-    return Serialized((m.SerializeToString(),), m.WhichOneof("body") or "")
 
 
 # ---- chunks, serialized without a message --------------------------------------------------

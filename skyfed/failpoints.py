@@ -20,8 +20,6 @@ log = logging.getLogger(__name__)
 ENV = "SKYFED_FAILPOINT"
 POINTS = ("upload", "mean", "downlink", "checkpoint", "broadcast")
 """The phases of a round a coordinator can be killed in, in round order."""
-CORRUPTIONS = ("drift",)
-"""What an agent can be made to corrupt: ``drift``, its weights after a round's aggregate."""
 
 
 def reached(name: str, round_: int, settle_s: float = 0.0) -> None:
