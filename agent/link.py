@@ -93,7 +93,7 @@ def open_channel(
     ``own_connection``: on a TCP connection of its own, even next to another channel to
     the same target with the same arguments (gRPC shares one between such channels by
     default): a stripe of a session."""
-    options = [
+    options: list[tuple[str, str | int]] = [
         ("grpc.max_receive_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.max_send_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.keepalive_time_ms", 20_000),

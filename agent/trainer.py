@@ -354,6 +354,7 @@ def _restore(param: torch.Tensor, start: torch.Tensor, owned: bool) -> torch.Ten
         and grad.dtype == local.dtype
         and grad.is_contiguous()
     )
+    delta: torch.Tensor | None
     if fits:
         delta = torch.sub(start, local, out=grad)
         param.grad = None  # the buffer is the delta's now, never accumulated into again

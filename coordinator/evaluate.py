@@ -116,7 +116,7 @@ class Evaluator:
         started = time.monotonic()
         versions = [w._version for w in weights]  # torch's count of in-place changes
         try:
-            if self._model is None:
+            if self._model is None or self._eval_loss is None:
                 raise RuntimeError("the task has no eval_loss")
             with torch.no_grad():
                 params = zip(self._model.parameters(), self._shapes, weights, strict=True)

@@ -84,6 +84,7 @@ class Inbound:
     def withdraw(self) -> None:
         """Drop what it staged (if it is still open): the sum is as if it never came."""
         if self.open:
+            assert self.entry is not None  # open: accepted
             self.entry.withdraw()
 
 
@@ -149,7 +150,7 @@ class Intake:
                 train_s=header.train_s,
             )
             session.state = "sending"
-            fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
+            fed.links.of(session).upload_begins(session.bytes_up, time.monotonic())
             fed.rounds.stats.raw_bytes_up += header.raw_bytes
             session.raw_bytes_up += header.raw_bytes
 
@@ -232,8 +233,12 @@ class Intake:
         fed = self.fed
         with fed.cond:
             inbound = session.inbound
-            refused = inbound is not None and inbound.entry is None
-            if refused and inbound.expected is None and inbound.round == end.round:
+            if (
+                inbound is not None
+                and inbound.entry is None
+                and inbound.expected is None
+                and inbound.round == end.round
+            ):
                 session.inbound = None  # refused while it streamed: all of it is counted off
                 return
         if inbound is None or inbound.entry is None or inbound.expected is not None:
@@ -261,7 +266,7 @@ class Intake:
             session.inbound = None
             session.last_round = inbound.round
             connections = session.connections if session.stripe_token else 0
-            link = fed.links.get(session)
+            link = fed.links.of(session)
             nbytes = link.upload_done(
                 session.bytes_up, time.monotonic(), inbound.train_s, connections, inbound.seen
             )

@@ -437,6 +437,10 @@ class Links:
     def get(self, session: Session) -> LinkState | None:
         return self._links.get(session.key)
 
+    def of(self, session: Session) -> LinkState:
+        """The link of an admitted session: it has one from its welcome on."""
+        return self._links[session.key]
+
     def sent_heartbeat(self, session: Session, sent_ns: int) -> None:
         """We stamped a heartbeat to the agent with ``sent_ns``: its echo times the link."""
         link = self._links.get(session.key)

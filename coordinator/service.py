@@ -15,7 +15,7 @@ from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.limits import hello_due, stripes_allowed
 from skyfed.coordinator.security import PeerAuthenticator
-from skyfed.coordinator.session import Session
+from skyfed.coordinator.session import Session as AgentSession
 from skyfed.coordinator.status_codes import abort, status_code
 from skyfed.errors import FederationError, ProtocolError, TooManyStreamsError
 from skyfed.logs import Throttle
@@ -76,7 +76,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 self.leadership.check()
             except FederationError as exc:
                 abort(context, exc)
-        session = Session(call.identity, context.peer())
+        session = AgentSession(call.identity, context.peer())
         hello_due(session, self.calls.first_message_s)
         call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
         session.merge = Merge(
@@ -151,7 +151,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         fed = self.federation
         return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.max_chunk_bytes
 
-    def _read(self, requests: Iterator[bytes], session: Session) -> None:
+    def _read(self, requests: Iterator[bytes], session: AgentSession) -> None:
         assert session.merge is not None
         try:
             for data in requests:
@@ -176,7 +176,9 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close()
 
-    def _read_stripe(self, requests: Iterator[bytes], session: Session, lane: StripeLane) -> None:
+    def _read_stripe(
+        self, requests: Iterator[bytes], session: AgentSession, lane: StripeLane
+    ) -> None:
         assert session.merge is not None
         try:
             for data in requests:
@@ -199,7 +201,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         finally:
             lane.end()
 
-    def _failed(self, session: Session, exc: Exception) -> None:
+    def _failed(self, session: AgentSession, exc: Exception) -> None:
         """A bug met on one session's message: it ends with INTERNAL and one throttled
         traceback; the reader never dies silently."""
         if self._refusals.ready(f"bug:{session.key}"):
@@ -207,14 +209,14 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close(grpc.StatusCode.INTERNAL, f"the coordinator failed on a message: {exc!r}")
 
-    def _refused(self, session: Session, exc: FederationError) -> None:
+    def _refused(self, session: AgentSession, exc: FederationError) -> None:
         if self._refusals.ready(session.key):  # one line per identity and interval
             log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
         self.federation.refused(status_code(exc).name)
         self.federation.admission.leave(session)
         session.close(status_code(exc), str(exc))
 
-    def _handle(self, session: Session, message: AgentMessage | None) -> None:
+    def _handle(self, session: AgentSession, message: AgentMessage | None) -> None:
         fed = self.federation
         if isinstance(message, Hello):
             fed.admission.join(session, message)

@@ -16,7 +16,7 @@ NO_FLAG: dict[str, str] = {
 """Fields with no flag of their own, and why (docs/operations.md, "Flags")."""
 
 
-def field_flags(cls: type, specs: dict[str, tuple[type, str]]) -> Callable[[Any], Any]:
+def field_flags(cls: type, specs: dict[str, tuple[Any, str]]) -> Callable[[Any], Any]:
     """Options ``--field-name`` for ``specs`` (field: (type, help)) of config ``cls``."""
 
     def decorate(command: Any) -> Any:
