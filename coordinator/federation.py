@@ -40,12 +40,12 @@ log = logging.getLogger(__name__)
 def round_rules(config: CoordinatorConfig) -> RoundRules:
     """The round's rules as the coordinator's configuration sets them."""
     return RoundRules(
-        max_samples=config.max_samples,
-        clip_norm_ratio=config.clip_norm_ratio,
-        outer=config.outer,
+        max_samples=config.robustness.max_samples,
+        clip_norm_ratio=config.robustness.clip_norm_ratio,
+        outer=config.rounds.outer,
         policy=config.policy,
         seed=config.seed,
-        stage_memory=config.stage_memory,
+        stage_memory=config.checkpoints.stage_memory,
         spill_dir=config.spill_dir,
     )
 
@@ -66,7 +66,7 @@ class Federation:
         """Refused peers and sessions by gRPC status name, for operators (status, metrics)."""
         self.evaluation: EvalResult | None = None
         """The last held-out evaluation, set by the observer's evaluator."""
-        if config.stage_dir is None and config.spill_dir is not None:
+        if config.checkpoints.stage_dir is None and config.spill_dir is not None:
             # The coordinator's own directory stages what arrives past stage_memory
             # (an operator's stage_dir is checked at start); without it, held in memory.
             with contextlib.suppress(OSError):
@@ -82,7 +82,7 @@ class Federation:
             config.monitor,
             [t.numel for t in self.model.spec],
             config.streams,
-            rate_mbit=config.link_rate_mbit,
+            rate_mbit=config.transport.link_rate_mbit,
         )
         self.admission = Admission(self)
         self.intake = Intake(self)
@@ -105,8 +105,8 @@ class Federation:
 
     def write_status(self) -> None:
         """Status as JSON, atomically, for operators' scripts and the demo's summary."""
-        if self.config.status_file is not None:
-            write_text_atomic(self.config.status_file, serde.status_to_json(self.status()))
+        if self.config.metrics.status_file is not None:
+            write_text_atomic(self.config.metrics.status_file, serde.status_to_json(self.status()))
 
     def refused(self, code: str) -> None:
         """Count a refused peer or session by its gRPC status name (``UNAUTHENTICATED``);
@@ -116,7 +116,7 @@ class Federation:
 
     def _resume(self) -> None:
         """Resume the model from the newest checkpoint that verifies, if there is one."""
-        directory = self.config.checkpoint_dir
+        directory = self.config.checkpoints.checkpoint_dir
         if directory is None:
             return
         checkpoint.clean_stale(directory)

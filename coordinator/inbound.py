@@ -142,7 +142,7 @@ class Intake:
                     kind=ChunkKind.GRADIENT,
                     round=header.round,
                     num_tensors=len(fed.model.spec),
-                    max_chunk_bytes=fed.config.max_chunk_bytes,
+                    max_chunk_bytes=fed.config.transport.max_chunk_bytes,
                     max_payload_bytes=fed.max_payload,
                     memory=entry.memory(fed.payloads.take),
                 ),
@@ -163,7 +163,7 @@ class Intake:
         """The agent's timing of its last exchange: the link's efficiency in that round
         (status and the round's history). The caller holds the lock."""
         assert header.timing is not None
-        e = self.fed.links.timed(session, header.timing, self.fed.config.link_rate_mbit)
+        e = self.fed.links.timed(session, header.timing, self.fed.config.transport.link_rate_mbit)
         if e is None:
             return
         session.efficiency = e

@@ -149,7 +149,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         """What a striped session may hold out of order: about one transfer of the model
         (a stalled connection holds back at most that), and some chunks of slack."""
         fed = self.federation
-        return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.max_chunk_bytes
+        return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.transport.max_chunk_bytes
 
     def _read(self, requests: Iterator[bytes], session: AgentSession) -> None:
         assert session.merge is not None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from skyfed.config.checks import require
+from skyfed.config.checks import check_types, require
 from skyfed.netinfo import MSS_BYTES, mathis_mbit
 
 
@@ -79,6 +79,7 @@ class StreamsConfig:
     any upload may probe."""
 
     def __post_init__(self) -> None:
+        check_types(self, "streams")
         require("streams", 1 <= self.max_streams <= 64, "max_streams", self.max_streams, "in 1..64")
         least = self.min_streams
         require(

@@ -11,15 +11,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 from skyfed.compression.frame import VERSION as FRAME_VERSION
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 
-EXCHANGES = ("delta", "gradient")
+ExchangeKind = Literal["delta", "gradient"]
 """What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
 optimizer steps, or a momentum-corrected gradient step (skyfed.agent.momentum)."""
+EXCHANGES: tuple[str, ...] = get_args(ExchangeKind)
 
 ShardCoords = tuple[int, int, int] | None
 """A shard is (dim, offset, length) along one dimension of a logical tensor; None is whole."""

@@ -38,18 +38,18 @@ Outcome = Literal["stopped", "deposed", "done", "failed"]
 
 
 def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
-    """Serve as replica ``config.replica`` until ``stop``, or the federation is done (0) or
+    """Serve as replica ``config.replicas.replica`` until ``stop``, or the federation is done (0) or
     its round driver failed (1)."""
     etcd = connect(config)
     elector = Elector(
         etcd,
-        prefix=config.etcd_prefix,
-        replica=config.replica,
+        prefix=config.replicas.etcd_prefix,
+        replica=config.replicas.replica,
         address="",  # known once the port is bound
-        ttl_s=config.lease_ttl_s,
+        ttl_s=config.replicas.lease_ttl_s,
     )
     standing = Standing(elector)
-    listen = config.listen
+    listen = config.transport.listen
     try:
         while not stop.is_set():
             with (
@@ -58,13 +58,14 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
             ):
                 listen = f"{listen.rpartition(':')[0]}:{port}"  # the same port in every role
                 if not elector.address:
-                    elector.address = config.advertise or _advertised(listen)
+                    elector.address = config.replicas.advertise or _advertised(listen)
                     elector.start()
                 if not elector.wait_leading(stop):
                     break
             if _finished(etcd, config):
                 return 0
-            with run_server(dataclasses.replace(config, listen=listen), standing) as running:
+            bound = dataclasses.replace(config.transport, listen=listen)
+            with run_server(dataclasses.replace(config, transport=bound), standing) as running:
                 outcome = _lead(running, elector, stop)
             if outcome == "done":
                 _mark_finished(etcd, config, running)
@@ -78,9 +79,13 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
 
 def connect(config: CoordinatorConfig) -> Etcd:
     """The etcd cluster of ``config``; over https the replica's own certificate."""
-    assert config.cert and config.key  # checked by CoordinatorConfig
-    tls = None if config.etcd_ca is None else TlsFiles(config.etcd_ca, config.cert, config.key)
-    return Etcd(parse_endpoints(config.etcd), tls=tls, timeout_s=ETCD_TIMEOUT_S)
+    assert config.transport.cert and config.transport.key  # checked by CoordinatorConfig
+    tls = (
+        None
+        if config.replicas.etcd_ca is None
+        else TlsFiles(config.replicas.etcd_ca, config.transport.cert, config.transport.key)
+    )
+    return Etcd(parse_endpoints(config.replicas.etcd), tls=tls, timeout_s=ETCD_TIMEOUT_S)
 
 
 def _lead(running: Running, elector: Elector, stop: threading.Event) -> Outcome:
@@ -100,7 +105,7 @@ def _lead(running: Running, elector: Elector, stop: threading.Event) -> Outcome:
 
 
 def _finished_key(config: CoordinatorConfig) -> bytes:
-    return f"{config.etcd_prefix}/finished".encode()
+    return f"{config.replicas.etcd_prefix}/finished".encode()
 
 
 def _finished(etcd: Etcd, config: CoordinatorConfig) -> bool:
@@ -119,7 +124,7 @@ def _mark_finished(etcd: Etcd, config: CoordinatorConfig, running: Running) -> N
     """Tell the standbys the run is over, so none starts it again when this one resigns."""
     with running.federation.cond:
         last = running.federation.model.round - 1
-    value = json.dumps({"round": last, "replica": config.replica}).encode()
+    value = json.dumps({"round": last, "replica": config.replicas.replica}).encode()
     with contextlib.suppress(EtcdUnavailable, EtcdError):
         etcd.put(_finished_key(config), value)
 
@@ -128,16 +133,19 @@ def _mark_finished(etcd: Etcd, config: CoordinatorConfig, running: Running) -> N
 def _standby_probes(config: CoordinatorConfig, standing: Standing):  # noqa: ANN202
     """``/healthz`` alive, ``/readyz`` 503 on a standby's metrics port: a Kubernetes
     Service sends agents to the ready replica, the leader."""
-    if not config.metrics_listen:
+    if not config.metrics.metrics_listen:
         yield
         return
     from prometheus_client.registry import CollectorRegistry
 
     def ready() -> tuple[bool, str]:
-        return False, f"replica {config.replica} is a standby"
+        return False, f"replica {config.replicas.replica} is a standby"
 
     server = MetricsServer(
-        config.metrics_listen, CollectorRegistry(), ready, public=config.metrics_public
+        config.metrics.metrics_listen,
+        CollectorRegistry(),
+        ready,
+        public=config.metrics.metrics_public,
     )
     try:
         yield

@@ -117,13 +117,19 @@ class StandbyServicer:
 def standby_server(config: CoordinatorConfig, listen: str, standing: Standing) -> Iterator[int]:
     """The standby's gRPC port on ``listen`` (mTLS, as the leader's), until the block
     exits; yields the bound port."""
-    assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
-    creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
+    assert (
+        config.transport.cert and config.transport.key and config.transport.ca
+    )  # checked by CoordinatorConfig
+    creds = RotatingServerCredentials(
+        config.transport.cert, config.transport.key, config.transport.ca
+    ).credentials()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="standby"),
         options=[("grpc.so_reuseport", 0)],
     )
-    servicer = StandbyServicer(standing, PeerAuthenticator(config.crl, config.ca))
+    servicer = StandbyServicer(
+        standing, PeerAuthenticator(config.transport.crl, config.transport.ca)
+    )
     handlers = {
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session, response_serializer=serde.coordinator_message_bytes

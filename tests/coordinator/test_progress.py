@@ -80,7 +80,7 @@ def test_a_rounds_line_is_written_again_with_its_links_exchange_floor_and_ratio(
 
 
 def test_the_observer_writes_a_round_again_when_its_links_are_timed(tmp_path, pki):
-    config = CoordinatorConfig(certs=pki.directory, run_dir=tmp_path, eval_every=0)
+    config = CoordinatorConfig.from_flat(certs=pki.directory, run_dir=tmp_path, eval_every=0)
     federation = build_federation(config)
     observer = Observer(federation, config)
     with federation.cond:

@@ -44,7 +44,7 @@ def serving_as(pki: CertificateAuthority, name: str):  # noqa: ANN201
     """A coordinator on a free port that shows certificate ``name`` as its own."""
     d = pki.directory
     return run_server(
-        CoordinatorConfig(
+        CoordinatorConfig.from_flat(
             listen="127.0.0.1:0",
             ca=d / "ca.crt",
             crl=d / "crl.pem",
