@@ -3,6 +3,7 @@
     python bench/compression.py                 # 1M and 16M float32 elements
     python bench/compression.py --sizes 16M     # the goals' size only
     flock /tmp/skyfed-heavy.lock python bench/compression.py --save   # + bench/results/
+    flock /tmp/skyfed-heavy.lock python bench/compression.py --baseline main --turns 3 --save
 
 Two ways of running each codec, each timed against ``dst.copy_(src)`` of the same tensor
 in the same repeat (repeats interleave copy and codec; the best of each is kept, so a
@@ -11,8 +12,8 @@ busy host inflates both alike):
 - ``plain``: ``encode(x, out=buffer)`` and ``decode(payload, out=tensor)``, the reused
   buffers of a round loop;
 - ``fed``: as the federation runs them, through the functions the agents and the
-  coordinator call (docs/codecs-performance.md). Sending: ``encode_in_place`` of
-  ``skyfed/feedback_encode.py`` (the agents' uplink, the coordinator's downlink) with the
+  coordinator call (docs/codecs-performance.md). Sending: ``ErrorFeedback.encode``
+  (the one encoder of the agents' uplink and the coordinator's downlink) with the
   key's residual from the round before, error feedback, Top-k's plan and the payload's
   memory all as the federation has them (the last round's payload acknowledged, so no
   longer held). Receiving: ``decode_add_payload(payload, acc, alpha)``, the decoded
@@ -30,11 +31,8 @@ commit (``git archive REF``, imported in a child process) and prints both side b
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
 import json
-import os
-import platform
 import re
 import subprocess
 import sys
@@ -46,10 +44,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, make_codec
 from skyfed.compression.frame import PayloadBuffer
-from skyfed.feedback_encode import encode_in_place
 
 CODECS: list[tuple[str, dict[str, object]]] = [
     ("fp32", {}),
@@ -66,7 +64,6 @@ CODECS: list[tuple[str, dict[str, object]]] = [
     ("ecsgd", {"bits": 4}),
 ]
 GOAL_NUMEL = 16 << 20
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +73,7 @@ class Row:
     ratio: float
     encode_ms: float  # encode(x, out=buffer)
     decode_ms: float  # decode(payload, out=tensor)
-    fed_encode_ms: float  # encode_in_place(feedback, codec, [(key, g)]), a residual held
+    fed_encode_ms: float  # feedback.encode(codec, [(key, g)]), a residual held
     fed_decode_ms: float  # decode_add_payload(payload, acc, alpha)
     copy_ms: float
 
@@ -166,8 +163,8 @@ def measure(codec: Codec, text: str, numel: int, repeats: int) -> Row:
 
 
 def _fed_encode(feedback: ErrorFeedback, codec: Codec, g: torch.Tensor) -> bytes:
-    """One key through the federation's sender (``encode_in_place``)."""
-    ((_, payload),) = encode_in_place(feedback, codec, [("w", g)])
+    """One key through the federation's sender (``ErrorFeedback.encode``)."""
+    ((_, payload),) = feedback.encode(codec, [("w", g)])
     return payload
 
 
@@ -264,55 +261,6 @@ def parse_size(text: str) -> int:
     text = text.strip().upper()
     scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
     return int(text.rstrip("KM")) * scale
-
-
-def _lock_prefix() -> str:
-    """``flock LOCK `` when an ancestor process is the heavy-run lock's ``flock``, else ''."""
-    pid = os.getppid()
-    while pid > 1:
-        proc = Path(f"/proc/{pid}")
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-            pid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return ""
-        if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
-            return f"flock {args[1].decode()} "
-    return ""
-
-
-def save(lines: list[str], what: str, sizes: str) -> Path:
-    """The run as ``bench/results/YYYY-MM-DD-compression-<what>.md``: command, commit,
-    date, host and output."""
-    now = datetime.datetime.now(datetime.UTC)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
-    path = RESULTS / f"{now:%Y-%m-%d}-compression-{what}.md"
-    body = [
-        f"# Codecs at {sizes}: plain and as the federation runs them",
-        "",
-        f"- command: `{_lock_prefix()}{' '.join(['python', *sys.argv])}`",
-        f"- commit: `{commit}`",
-        f"- date: {now:%Y-%m-%d %H:%M} UTC",
-        f"- host: {os.cpu_count()} cores (`nproc`), {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads",
-        "",
-        "```",
-        free.rstrip(),
-        "```",
-        "",
-        "## Output",
-        "",
-        "```",
-        *lines,
-        "```",
-        "",
-    ]
-    RESULTS.mkdir(exist_ok=True)
-    path.write_text("\n".join(body))
-    return path
 
 
 # Run in a child process: import skyfed from the checkout at argv[1] (as the editable
@@ -439,7 +387,8 @@ def main() -> None:
             [*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)]
         )
         name = re.sub(r"[^a-z0-9.-]+", "", what.lower())
-        print(f"saved {save(lines, name, ', '.join(size_text(s) for s in sizes))}")
+        title = f"Codecs at {', '.join(size_text(s) for s in sizes)}: plain and as the federation runs them"
+        print(f"saved {record('compression', name, sys.argv[1:], ['```', *lines, '```'], title)}")
 
 
 if __name__ == "__main__":
