@@ -284,6 +284,7 @@ class Checkout:
             name, where / "__init__.py", submodule_search_locations=[str(where)])
 sys.meta_path.insert(0, Checkout)
 sys.argv = sys.argv[2:]
+sys.path.insert(0, str(pathlib.Path(sys.argv[0]).parent))  # the bench's own helpers
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
