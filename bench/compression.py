@@ -25,7 +25,8 @@ Goals are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
 Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
 
 ``--baseline REF`` runs the same measurement, in the same run, on the codecs of another
-commit (``git archive REF``, imported in a child process) and prints both side by side.
+commit (``git archive REF``, imported in a child process) and this checkout's in another child,
+so neither side runs in a process the other left behind, and prints both side by side.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ CODECS: list[tuple[str, dict[str, object]]] = [
     ("ecsgd", {"bits": 4}),
 ]
 GOAL_NUMEL = 16 << 20
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,19 +293,25 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def baseline(ref: str, sizes: list[int], repeats: int, only: str) -> list[Row]:
     """The same rows measured on the codecs of commit ``ref`` (a child process)."""
-    root = Path(__file__).resolve().parent.parent
-    archive = subprocess.run(["git", "archive", ref], cwd=root, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True)
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
-        sizes_text = ",".join(size_text(s) for s in sizes)
-        args = ["--sizes", sizes_text, "--repeats", str(repeats), "--only", only, "--rows"]
-        child = subprocess.run(
-            [sys.executable, "-c", _BOOT, tmp, __file__, *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        return child_rows(Path(tmp), sizes, repeats, only)
+
+
+def child_rows(root: Path, sizes: list[int], repeats: int, only: str) -> list[Row]:
+    """The rows measured in a child process on the codecs of the checkout at ``root``:
+    with ``--baseline``, this checkout's are measured in a child too, so neither side
+    runs in a process the other's measurement left behind."""
+    sizes_text = ",".join(size_text(s) for s in sizes)
+    args = ["--sizes", sizes_text, "--repeats", str(repeats), "--only", only, "--rows"]
+    child = subprocess.run(
+        [sys.executable, "-c", _BOOT, str(root), __file__, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [Row(**r) for r in json.loads(child.stdout)]
 
 
@@ -368,7 +376,7 @@ def main() -> None:
         turns = [
             (
                 baseline(args.baseline, sizes, args.repeats, args.only),
-                run(sizes, args.repeats, args.only),
+                child_rows(ROOT, sizes, args.repeats, args.only),
             )
             for _ in range(max(1, args.turns))
         ]
