@@ -26,21 +26,25 @@ Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
 
 ``--baseline REF`` runs the same measurement, in the same run, on the codecs of another
 commit (``git archive REF``, imported in a child process) and this checkout's in another child,
-so neither side runs in a process the other left behind, and prints both side by side.
+so neither side runs in a process the other left behind, and prints both side by side;
+``--turns N`` measures both N times, which goes first alternating, and gives each cell's
+best and the median of the turns' now / before ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -291,13 +295,30 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def baseline(ref: str, sizes: list[int], repeats: int, only: str) -> list[Row]:
-    """The same rows measured on the codecs of commit ``ref`` (a child process)."""
+@contextlib.contextmanager
+def checkout_of(ref: str) -> Iterator[Path]:
+    """The tree of commit ``ref`` (``git archive``) in a temporary folder."""
     archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True)
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
-        return child_rows(Path(tmp), sizes, repeats, only)
+        yield Path(tmp)
+
+
+def measured_turns(
+    ref: str, sizes: list[int], repeats: int, only: str, turns: int
+) -> list[tuple[list[Row], list[Row]]]:
+    """``(before, now)``: the rows of commit ``ref``'s codecs and of this checkout's, each
+    measured in its own child process, ``turns`` times. Which side goes first alternates
+    from turn to turn, so neither is the one that always runs after the other's memory
+    was freed or while the host's load drifts one way."""
+    out = []
+    with checkout_of(ref) as old:
+        for turn in range(max(1, turns)):
+            sides = [old, ROOT] if turn % 2 == 0 else [ROOT, old]
+            measured = {root: child_rows(root, sizes, repeats, only) for root in sides}
+            out.append((measured[old], measured[ROOT]))
+    return out
 
 
 def child_rows(root: Path, sizes: list[int], repeats: int, only: str) -> list[Row]:
@@ -324,25 +345,45 @@ def best_rows(runs: list[list[Row]]) -> list[Row]:
     ]
 
 
-def side_by_side(rows: list[Row], before: list[Row], ref: str) -> list[str]:
-    """Each row's fed and plain multiples of a copy, before (``ref``) and now."""
+def side_by_side(
+    rows: list[Row], before: list[Row], ref: str, turns: list[tuple[list[Row], list[Row]]]
+) -> list[str]:
+    """Each row's fed and plain multiples of a copy, before (``ref``) and now, and the
+    median over the turns of each turn's now / before fed times: the best of each side
+    may come from different moments of a noisy host; a turn's two sides ran minutes
+    apart at most."""
     was = {(r.label, r.numel): r for r in before}
     lines = [
         f"before = the codecs of {ref}, measured in this run; now = this checkout",
         f"{'codec':<24}{'size':>5}{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}"
-        f"{'plain/copy':>11}  |{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}{'plain/copy':>11}",
-        f"{'':<29}{'before':>39}  |{'now':>39}",
+        f"{'plain/copy':>11}  |{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}{'plain/copy':>11}"
+        f"  |{'enc':>6}{'dec':>6}",
+        f"{'':<29}{'before':>39}  |{'now':>39}  |{'now/before':>12}",
     ]
     for r in rows:
         b = was.get((r.label, r.numel))
         if b is None:
             continue
+        enc, dec = (turn_ratio(turns, r, field) for field in ("fed_encode_ms", "fed_decode_ms"))
         lines.append(
             f"{r.label:<24}{size_text(r.numel):>5}{b.fed_encode_ms:>9.2f}{b.fed_decode_ms:>9.2f}"
             f"{b.fed_multiple:>9.1f}x{b.multiple:>10.1f}x  |{r.fed_encode_ms:>9.2f}"
             f"{r.fed_decode_ms:>9.2f}{r.fed_multiple:>9.1f}x{r.multiple:>10.1f}x"
+            f"  |{enc:>6.2f}{dec:>6.2f}"
         )
+    if len(turns) > 1:
+        lines.append(f"(now/before: the median of {len(turns)} turns' ratios of fed times)")
     return lines
+
+
+def turn_ratio(turns: list[tuple[list[Row], list[Row]]], row: Row, field: str) -> float:
+    """The median over ``turns`` of now's ``field`` over before's, for ``row``'s cell."""
+    ratios = []
+    for before, now in turns:
+        b = next(x for x in before if (x.label, x.numel) == (row.label, row.numel))
+        n = next(x for x in now if (x.label, x.numel) == (row.label, row.numel))
+        ratios.append(getattr(n, field) / getattr(b, field))
+    return statistics.median(ratios)
 
 
 def main() -> None:
@@ -373,22 +414,20 @@ def main() -> None:
         return
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads", ""]
     if args.baseline:
-        turns = [
-            (
-                baseline(args.baseline, sizes, args.repeats, args.only),
-                child_rows(ROOT, sizes, args.repeats, args.only),
-            )
-            for _ in range(max(1, args.turns))
-        ]
+        turns = measured_turns(args.baseline, sizes, args.repeats, args.only, args.turns)
         before, rows = best_rows([b for b, _ in turns]), best_rows([r for _, r in turns])
     else:
-        before, rows = [], run(sizes, args.repeats, args.only)
+        turns, before, rows = [], [], run(sizes, args.repeats, args.only)
     if args.turns > 1:
-        lines += [f"best of {args.turns} turns, {args.baseline} then this checkout in each", ""]
+        lines += [
+            f"best of {args.turns} turns of {args.baseline} and this checkout, which goes first "
+            "alternating",
+            "",
+        ]
     lines += [*table(rows), "", *goals(rows), ""]
     if before:
         lines += [f"{args.baseline}:", *table(before), "", *goals(before), ""]
-        lines += [*side_by_side(rows, before, args.baseline), ""]
+        lines += [*side_by_side(rows, before, args.baseline, turns), ""]
     lines += memory(max(sizes))
     print("\n".join(lines))
     if args.save:
