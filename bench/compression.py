@@ -27,8 +27,8 @@ Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
 ``--baseline REF`` runs the same measurement, in the same run, on the codecs of another
 commit (``git archive REF``, imported in a child process) and this checkout's in another child,
 so neither side runs in a process the other left behind, and prints both side by side;
-``--turns N`` measures both N times, which goes first alternating, and gives each cell's
-best and the median of the turns' now / before ratios.
+``--turns N`` (even) measures both N times, which goes first alternating, and gives each
+cell's best and the geometric mean of the turns' now / before ratios.
 """
 
 from __future__ import annotations
@@ -349,9 +349,9 @@ def side_by_side(
     rows: list[Row], before: list[Row], ref: str, turns: list[tuple[list[Row], list[Row]]]
 ) -> list[str]:
     """Each row's fed and plain multiples of a copy, before (``ref``) and now, and the
-    median over the turns of each turn's now / before fed times: the best of each side
-    may come from different moments of a noisy host; a turn's two sides ran minutes
-    apart at most."""
+    geometric mean over the turns of each turn's now / before fed times: the best of each
+    side may come from different moments of a noisy host, where a turn's two sides ran
+    minutes apart at most."""
     was = {(r.label, r.numel): r for r in before}
     lines = [
         f"before = the codecs of {ref}, measured in this run; now = this checkout",
@@ -372,18 +372,22 @@ def side_by_side(
             f"  |{enc:>6.2f}{dec:>6.2f}"
         )
     if len(turns) > 1:
-        lines.append(f"(now/before: the median of {len(turns)} turns' ratios of fed times)")
+        lines.append(f"(now/before: the geometric mean of {len(turns)} turns' ratios of fed times)")
     return lines
 
 
 def turn_ratio(turns: list[tuple[list[Row], list[Row]]], row: Row, field: str) -> float:
-    """The median over ``turns`` of now's ``field`` over before's, for ``row``'s cell."""
+    """The geometric mean over ``turns`` of now's ``field`` over before's, for ``row``'s
+    cell. Over an even number of turns it cancels whatever going first or second does to
+    a process: on the development host a median of 5 turns one way round and 4 the other
+    put FP16's unchanged fed encode at 0.43
+    (bench/results/2026-12-06-compression-16m-capabilities-base-9-turns.md)."""
     ratios = []
     for before, now in turns:
         b = next(x for x in before if (x.label, x.numel) == (row.label, row.numel))
         n = next(x for x in now if (x.label, x.numel) == (row.label, row.numel))
         ratios.append(getattr(n, field) / getattr(b, field))
-    return statistics.median(ratios)
+    return statistics.geometric_mean(ratios)
 
 
 def main() -> None:
@@ -402,8 +406,9 @@ def main() -> None:
         "--turns",
         type=int,
         default=1,
-        help="with --baseline: measure REF and this checkout in turn this many times, "
-        "keeping each cell's best (a noisy host drifts between two processes)",
+        help="with --baseline: measure REF and this checkout in turn this many times (even: "
+        "which goes first alternates), keeping each cell's best (a noisy host drifts between "
+        "two processes) and the geometric mean of their ratios",
     )
     parser.add_argument("--what", default="", help="the results file's <what> (default: the sizes)")
     parser.add_argument("--rows", action="store_true", help=argparse.SUPPRESS)  # JSON rows only
