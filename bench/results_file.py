@@ -25,7 +25,7 @@ def record(
     text = [
         f"# {title or f'bench/{bench}.py: {what}'}",
         "",
-        f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
+        f"- command: `{_lock_prefix()}python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- host: {host()}, load average {load} at the end"
@@ -44,6 +44,22 @@ def record(
     else:
         path.write_text("\n".join(text))
     return path
+
+
+def _lock_prefix() -> str:
+    """``flock LOCK `` when an ancestor process is the heavy-run lock's ``flock``, else ''
+    (the record then says the run had the host's heavy work to itself)."""
+    pid = os.getppid()
+    while pid > 1:
+        proc = Path(f"/proc/{pid}")
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            pid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return ""
+        if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
+            return f"flock {args[1].decode()} "
+    return ""
 
 
 def _commit() -> str:

@@ -34,7 +34,12 @@ import torch
 
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
-from skyfed.compression.registry import codec_names, decode_add_payload, make_codec
+from skyfed.compression.registry import (
+    capabilities,
+    codec_names,
+    decode_add_payload,
+    make_codec,
+)
 from skyfed.compression.schedule import DensityWarmup
 from skyfed.validate import require
 
@@ -371,14 +376,15 @@ def _nearest(state: PolicyState, order: list[str], ladder: tuple[str, ...]) -> i
     return max((i for i, n in enumerate(ladder) if order.index(n) <= weight), default=0)
 
 
-HEAVINESS = ("fp32", "bf16", "fp16", "topk", "ecsgd")
-"""Every codec, lightest compression first: the one ranking of codecs, which the policy's
-ladder follows where no measured ratio orders it, and the downlink takes the heaviest of."""
-
-
 def heaviness(name: str) -> int:
-    """``name``'s place in :data:`HEAVINESS` (0 for a codec not ranked)."""
-    return HEAVINESS.index(name) if name in HEAVINESS else 0
+    """``name``'s place among the codecs, lightest compression first (its
+    ``Capabilities.heaviness``, the one ranking of codecs: the policy's ladder follows it
+    where no measured ratio orders two codecs, and the downlink takes the heaviest); 0 for
+    a codec this build does not know."""
+    try:
+        return capabilities(name).heaviness
+    except ValueError:
+        return 0
 
 
 def heaviest(names: Iterable[str]) -> str:

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # noqa: E402
 
+from skyfed.compression import capabilities  # noqa: E402
 from skyfed.report.data import RunData  # noqa: E402
 
 STYLE = {
@@ -31,13 +32,6 @@ STYLE = {
 }
 # Okabe-Ito: distinguishable in colour-blind vision and in greyscale print.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000")
-CODEC_COLORS = {
-    "fp32": "#BBBBBB",
-    "bf16": "#56B4E9",
-    "fp16": "#0072B2",
-    "topk": "#E69F00",
-    "ecsgd": "#D55E00",
-}
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v")
 WIDTH_IN = 7.0  # a two-column figure's width, in inches
@@ -191,12 +185,9 @@ def _links(data: RunData) -> plt.Figure:
         ax.set_xlabel("round")  # every row's: it marks the axis as one of rounds
         if i < len(names) - 1:
             ax.xaxis.label.set_visible(False)
-    used = sorted(
-        {c for s in data.links.values() for c in s.codec},
-        key=lambda c: list(CODEC_COLORS).index(c) if c in CODEC_COLORS else len(CODEC_COLORS),
-    )
+    used = sorted({c for s in data.links.values() for c in s.codec}, key=codec_style)
     fig.legend(
-        handles=[Patch(color=CODEC_COLORS.get(c, "black"), label=c) for c in used],
+        handles=[Patch(color=codec_style(c)[1], label=c) for c in used],
         loc="outside upper right",
         ncol=max(1, len(used)),
         title="codec (band)",
@@ -205,13 +196,24 @@ def _links(data: RunData) -> plt.Figure:
     return fig
 
 
+def codec_style(name: str) -> tuple[float, str]:
+    """A codec's place in a legend and its colour, from its capabilities (lightest
+    compression first); a codec this build does not know (a history recorded by
+    another) comes last, in black."""
+    try:
+        each = capabilities(name)
+    except ValueError:
+        return math.inf, "black"
+    return each.heaviness, each.color
+
+
 def _codec_strip(ax: plt.Axes, rounds: list[int], codecs: list[str]) -> None:
     """Each run of one codec as a coloured band over the rounds it covered."""
     i = 0
     for codec, run in groupby(codecs):
         n = len(list(run))
         start, end = rounds[i] - 0.5, rounds[i + n - 1] + 0.5
-        ax.broken_barh([(start, end - start)], (0, 1), color=CODEC_COLORS.get(codec, "black"))
+        ax.broken_barh([(start, end - start)], (0, 1), color=codec_style(codec)[1])
         if n >= max(2, len(rounds) // 12):
             ax.text((start + end) / 2, 0.5, codec, ha="center", va="center", fontsize=6)
         i += n
