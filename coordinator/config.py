@@ -144,7 +144,8 @@ class CoordinatorConfig:
     status_file: Path | None = None
     """Rewrite the status (as JSON) here after every round and at exit."""
     run_dir: Path | None = None
-    """The run directory: ``rounds.jsonl`` (one line per closed round and evaluation) and,
+    """The run directory: ``rounds.jsonl`` (one line per closed round, per evaluation and
+    per round whose links were timed after it closed) and,
     unless ``status_file`` says otherwise, ``status.json``; ``skyfed report RUN_DIR`` plots
     it (docs/operations.md)."""
     eval_every: int = 5
