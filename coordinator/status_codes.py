@@ -20,6 +20,7 @@ from skyfed.errors import (
     UnsupportedDigestError,
     UnsupportedExchangeError,
     UnsupportedFrameError,
+    UnsupportedOuterError,
 )
 
 # The one place domain errors become gRPC status codes.
@@ -33,6 +34,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     UnsupportedExchangeError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedDigestError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedFrameError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedOuterError: grpc.StatusCode.FAILED_PRECONDITION,
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,
