@@ -45,12 +45,14 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+from results_file import recording  # bench/, beside this script
 
 from skyfed.compression import codec_names
 from skyfed.compression.policy import PolicyConfig
@@ -241,7 +243,8 @@ def main() -> None:
         default="",
         help="--to-target: these configurations instead of the grid, ';'-separated, e.g. "
         '"H=16 sgd topk 1%% 2-bit; H=64 nesterov:lr=0.3,m=0.8 fp16"; "H=128,lr=4.5e-3 ...": '
-        "the local steps' own inner AdamW rate (the reference keeps the task's)",
+        "the local steps' own inner AdamW rate (the reference keeps the task's); a codec "
+        'ending in " + overlap": the coordinator\'s overlap = true',
     )
     parser.add_argument(
         "--cap",
@@ -269,7 +272,15 @@ def main() -> None:
         "seed's targets as the configurations are: how often data-parallel reaches its own "
         "target (default 'same': no row)",
     )
+    parser.add_argument(
+        "--record", metavar="WHAT", help="also write bench/results/<date>-convergence-WHAT.md"
+    )
     args = parser.parse_args()
+    with recording("convergence", args.record, sys.argv[1:]):
+        run(parser, args)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.to_target or args.quick:
         to_target(parser, args)
         return
