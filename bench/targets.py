@@ -96,11 +96,17 @@ _CONFIG_LABEL = re.compile(r"H=(\d+)(?:,lr=([0-9.eE+-]+))? (\S+) (.+)")
 OTHER_ORDER: Config = (1, "data-parallel", "fp32")
 
 
+OVERLAP = " + overlap"
+"""A codec label's suffix: the configuration runs the coordinator's ``overlap = true``."""
+
+
 def codec_policy(label: str) -> CodecPolicy:
     """A codec label's codec and policy: one of :data:`CODECS`, ``topk P% int8``,
     ``topk P% N-bit`` (N = 2, 3, 4) or ``ecsgd N-bit`` (N = 1, 2, 4; ``ecsgd 2-bit b128``:
     blocks of 128), with the policy's other parameters (at 64 local steps or more, EC-SGD
-    without ``bB`` gets the long-phase rule's blocks, as a far link does)."""
+    without ``bB`` gets the long-phase rule's blocks, as a far link does); either may end
+    in :data:`OVERLAP`."""
+    label = label.removesuffix(OVERLAP)
     if label in CODECS:
         return CODECS[label]
     match = _CODEC_LABEL.fullmatch(label)
@@ -295,7 +301,8 @@ def simulation(task_key: str, seed: int, sizes: Sizes, config: Config) -> Simula
     codec, policy = codec_policy(codec_label)
     rules = RoundRules(outer=outer_settings(outer), policy=policy, seed=seed)
     sites = sharded(sizes.sites, local_steps=local_steps, codec=codec)
-    return Simulation(sizes.task(task_key, inner_lr), sites, rules, seed=seed)
+    overlap = codec_label.endswith(OVERLAP)
+    return Simulation(sizes.task(task_key, inner_lr), sites, rules, seed=seed, overlap=overlap)
 
 
 def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float) -> Trajectory:
