@@ -30,8 +30,9 @@ OVERLAP_LR_SCALE = 0.5
 NESTEROV_DEFAULTS_BELOW = 64
 """Local steps per round from which DiLoCo's unset defaults (0.7 / 0.9) are refused: at
 128 they diverged (a real federation on digits: held-out loss rising every round from
-0.276 to 1.257) or stalled (the simulation: digits 0/5 seeds to the target, chargpt
-0/2; FedAvg 2/5 and 2/2), and at 64 they reached chargpt on 1 of 5 seeds
+0.276 to 1.257) or stalled (the simulation: 0 of 5 digits seeds and 0 of 2 chargpt seeds
+reached data-parallel's loss within 2x its steps, FedAvg 2 of 5 and 2 of 2; 0.5 / 0.5
+as FedAvg, 2 and 2), and at 64 they reached chargpt on 1 of 5 seeds
 (docs/outer-optimizer.md, Defaults)."""
 
 
@@ -48,8 +49,8 @@ def long_phase_refusal(
     return (
         f"this agent runs {local_steps} local steps a round, and outer Nesterov at DiLoCo's "
         f"lr 0.7 / momentum 0.9 diverged from {NESTEROV_DEFAULTS_BELOW} on (docs/outer-"
-        "optimizer.md): set the coordinator's outer_lr and outer_momentum, or "
-        'outer_optimizer = "sgd"'
+        "optimizer.md): set the coordinator's outer_lr and outer_momentum (0.5 / 0.5 "
+        'converged as FedAvg did at 128), or outer_optimizer = "sgd"'
     )
 
 
