@@ -20,10 +20,13 @@ format:
 proto:
 	python -m skyfed.proto.generate
 
-# docs/configuration.md, from the config dataclasses' field docstrings.
+# The generated references: configuration (the config dataclasses' field docstrings),
+# metrics (the catalog), the CLI (the click commands), measured results (bench/results/).
 docs:
 	python -m skyfed.configref
+	python -m skyfed.cliref
 	python -m skyfed.metrics.reference
+	python bench/results_index.py
 
 bench:
 	python bench/compression.py && python bench/convergence.py

@@ -91,8 +91,8 @@ class Agent:
         # next round's local steps run, or None.
         self.overlap = False
         self._pending: int | None = None
-        # The last round's end whose digest check still waits (docs/wan.md, "Top-k's
-        # exchange, phase by phase"): the weights hash while the next local steps run, and
+        # The last round's end whose digest check still waits (docs/wan.md, "A round's
+        # critical path"): the weights hash while the next local steps run, and
         # the check is made before anything leaves or changes from them.
         self._unverified: RoundEnd | None = None
 
@@ -404,7 +404,7 @@ class Agent:
             return
         # Without overlap nothing else reads the weights until the round ends, so each
         # payload is decoded into them as it arrives, beside the rest of the broadcast
-        # (docs/wan.md, "Top-k's exchange, phase by phase").
+        # (docs/wan.md, "A round's critical path").
         self._verify()  # the last round's check first: the weights change now
         try:
             self.site.apply_payload(chunk.round, payload.tensor, payload.data)

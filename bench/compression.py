@@ -11,8 +11,8 @@ busy host inflates both alike):
 - ``plain``: ``encode(x, out=buffer)`` and ``decode(payload, out=tensor)``, the reused
   buffers of a round loop;
 - ``fed``: as the federation runs them, through the functions the agents and the
-  coordinator call (docs/codecs-performance.md). Sending: ``encode_in_place`` of
-  ``skyfed/feedback_encode.py`` (the agents' uplink, the coordinator's downlink) with the
+  coordinator call (docs/codecs-performance.md). Sending: ``ErrorFeedback.encode`` of
+  ``compression/feedback.py`` (the agents' uplink, the coordinator's downlink) with the
   key's residual from the round before, error feedback, Top-k's plan and the payload's
   memory all as the federation has them (the last round's payload acknowledged, so no
   longer held). Receiving: ``decode_add_payload(payload, acc, alpha)``, the decoded
@@ -20,7 +20,7 @@ busy host inflates both alike):
   the broadcast to its weights, ``alpha = -1``). ``plain``'s decode into a reused buffer
   is the agents' other receiving path (loading weights, a rank's shard).
 
-Goals (issue #21) are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
+Goals are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
 Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
 
 ``--baseline REF`` runs the same measurement, in the same run, on the codecs of another
@@ -49,7 +49,6 @@ import torch
 
 from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, make_codec
 from skyfed.compression.frame import PayloadBuffer
-from skyfed.feedback_encode import encode_in_place
 
 CODECS: list[tuple[str, dict[str, object]]] = [
     ("fp32", {}),
@@ -76,7 +75,7 @@ class Row:
     ratio: float
     encode_ms: float  # encode(x, out=buffer)
     decode_ms: float  # decode(payload, out=tensor)
-    fed_encode_ms: float  # encode_in_place(feedback, codec, [(key, g)]), a residual held
+    fed_encode_ms: float  # feedback.encode(codec, [(key, g)]), a residual held
     fed_decode_ms: float  # decode_add_payload(payload, acc, alpha)
     copy_ms: float
 
@@ -166,8 +165,8 @@ def measure(codec: Codec, text: str, numel: int, repeats: int) -> Row:
 
 
 def _fed_encode(feedback: ErrorFeedback, codec: Codec, g: torch.Tensor) -> bytes:
-    """One key through the federation's sender (``encode_in_place``)."""
-    ((_, payload),) = encode_in_place(feedback, codec, [("w", g)])
+    """One key through the federation's sender (``ErrorFeedback.encode``)."""
+    ((_, payload),) = feedback.encode(codec, [("w", g)])
     return payload
 
 

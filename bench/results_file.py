@@ -33,7 +33,7 @@ def record(
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- host: {host()}, load average {load} at the end"
-        " (the host may be shared with other engineers' work)",
+        " (the host may be shared with other jobs)",
         "",
         "```",
         free.rstrip(),

@@ -26,7 +26,7 @@ Per run it prints medians over the rounds after the first:
   agent's, and the column their median.
   What the links (their loss recovery included, and the round's wait for the slowest)
   and TLS on this host take for a round's bytes on connections as warm as a session's:
-  the reference for skyfed's share of an exchange. (Until session 25 it was one link's
+  the reference for skyfed's share of an exchange. (Before 2026-12-04 it was one link's
   connection alone, which leaves out the wait for the slowest of three lossy links.)
 
 ``--streams auto`` (the default) runs at the coordinator's default N (the monitor's
@@ -169,10 +169,10 @@ def run_one(
     elif striping:
         coord_args += ["--max-streams", streams]  # N = 1 is the plain path
     elif streams != "1":
-        raise SystemExit("--streams other than 1 needs striped sessions (issue #20 item 1)")
+        raise SystemExit("--streams other than 1 needs the coordinator's striped sessions")
     if overlap == "on":
         if not coordinator_has("--overlap"):
-            raise SystemExit("--overlap on needs the coordinator's overlap (issue #20 item 5)")
+            raise SystemExit("--overlap on needs the coordinator's --overlap")
         coord_args += ["--overlap"]
     with tempfile.TemporaryDirectory(prefix="skyfed-wan-") as tmp:
         work = Path(tmp) if args.keep is None else args.keep / f"{profile}-{row.settings}"
@@ -240,7 +240,7 @@ def finish(fed: Federation, timeout_s: float, grace_s: float = 30.0) -> dict[str
     """Wait for the coordinator, then up to ``grace_s`` for the agents; exit codes, None for
     an agent stopped after the grace. A coordinator that has run its rounds exits, and a
     far agent may still be receiving the last aggregate then: without the coordinator it
-    would retry its connection forever (reported to the lead: issue #20)."""
+    would retry its connection forever."""
     assert fed.coordinator is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and fed.coordinator.popen.poll() is None:

@@ -91,7 +91,8 @@ class ErrorFeedback:
         # A codec that sums p = e + g in its selection's first pass gets e and g apart, when
         # each g stays the caller's until its payload is made (not borrowed).
         fuse = codec.sums_in_encode and not borrowed and applied_to is None
-        pending, adds = {}, {}
+        pending: dict[str, torch.Tensor] = {}
+        adds: dict[str, torch.Tensor] = {}
         for key, g in tensors:
             e = residuals.get(key)
             if e is None:  # e' will be written over p: never over the caller's g
@@ -102,8 +103,8 @@ class ErrorFeedback:
                 pending[key] = e.add_(g)  # p = e + g, in the residual's memory
         for key, each in codec.plan(pending, adds or None).items():
             p = pending.pop(key)
-            g = adds.pop(key, None)
-            if g is not None:  # p = e + g and e' both in e's memory, in the codec's passes
+            if key in adds:  # p = e + g and e' both in e's memory, in the codec's passes
+                g = adds.pop(key)
                 payload, residuals[key] = each.encode_with_feedback(g, p, out=self.buffer(key))
                 yield key, payload
                 continue

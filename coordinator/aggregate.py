@@ -14,7 +14,7 @@ codec's own error (FP16: ``2**-11``).
 A Top-k payload is held with the parse its check on arrival made (its kept indices and
 values, 8 bytes a kept element: ``Codec.check_parsed``), and the close adds from that:
 the same additions in the same order, without parsing every staged uplink a second time
-on the round's critical path (docs/wan.md, Top-k's exchange).
+on the round's critical path (docs/wan.md, A round's critical path).
 
 Past a budget (``stage_memory`` times the model's float32 bytes) the dense payloads that
 arrive are staged in an unlinked file instead, put together there as their chunks arrive,

@@ -5,13 +5,13 @@ no copy) and calls the task's ``eval_loss``, then hands them back (``release``).
 close waits for that before it changes them in place (``Federation.weights_read``), so an
 evaluation reads one round's weights whole, and the coordinator spends no model-sized copy
 on it: 400 MB of new memory at 100M parameters, and as much again for the next round's
-uplinks, whose pooled memory the copy had to let go (docs/scale.md, Measured, large6).
+uplinks, whose pooled memory the copy had to let go (docs/scale.md, The held-out evaluation).
 The price: a task whose ``eval_loss`` outlasts the time to the next close holds that close
 up by the difference (logged, ``close_waited_ms``). A later due round is evaluated once
 the worker is free.
 
 The model's parameters hold no memory of their own: the weights lent become them for the
-evaluation, and they are emptied after it (docs/scale.md, large5). Its buffers (a norm's
+evaluation, and they are emptied after it (docs/scale.md, Memory). Its buffers (a norm's
 running statistics: not federated) stay as the model was built. ``eval_loss`` must not
 change the parameters: one that does (in place, through torch) is logged as an error.
 """

@@ -161,7 +161,7 @@ class Rounds:
         # The deadline bounds the wait for stragglers once the fastest site is done, not
         # the local phase: counted from the round's opening, a local phase longer than it
         # (DiLoCo's hundreds of steps) closed every round on the fastest site alone and
-        # threw the others' whole phase away (docs/outer-optimizer.md, long local phases).
+        # threw the others' whole phase away (docs/outer-optimizer.md, Long local phases).
         first = self.stats.opened_at if self._first_commit_at is None else self._first_commit_at
         late = time.monotonic() - first >= fed.config.round_deadline_s
         return late and committed >= fed.config.quorum
@@ -365,7 +365,7 @@ class Rounds:
     def lend_weights(self) -> tuple[int, list]:
         """The last closed round and its live weights, lent: the next close waits until
         the borrower sets :attr:`weights_free` again, so they stay that round's whole,
-        with no model-sized copy (docs/scale.md). Takes the lock."""
+        with no model-sized copy (docs/scale.md, The held-out evaluation). Takes the lock."""
         fed = self.fed
         with fed.cond:  # between closes: the close changes the weights under it
             self.weights_free.clear()

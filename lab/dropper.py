@@ -7,7 +7,7 @@ the delay line, on MTU-sized packets, like loss on a real path. The attachment i
 link (``BPF_LINK_CREATE``, Linux 6.6+) that lives as long as its file descriptor: the lab
 process holds it, and a lab that dies leaves nothing attached. No compiler, ``nft`` or
 ``iptables`` is needed (this host has none); a profile change swaps the program in place
-(``BPF_LINK_UPDATE``). See docs/wan.md.
+(``BPF_LINK_UPDATE``). See docs/lab.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ It creates TUN device X inside network namespace A and Y inside B, prints ``read
 moves every packet read from one device to the other after the link profile's delay and
 jitter. Rate and loss are the kernel's (``tbf`` and an eBPF drop, lab/shapers.py), so this
 loop does the least per packet that userspace must, and it runs at real-time priority so a
-busy host's training processes cannot starve it (docs/wan.md). Control lines on stdin
+busy host's training processes cannot starve it (docs/lab.md). Control lines on stdin
 (JSON): ``{"profile": {...}}`` replaces the profile. It exits on end of stdin (its parent
 is gone) or SIGTERM.
 

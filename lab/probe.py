@@ -4,7 +4,7 @@ TLS request-response rounds over one warm connection.
 Run as ``python -m skyfed.lab.probe TOOL ...``; servers print ``ready`` once bound, and
 every tool that measures prints one JSON line of results. The tools run at real-time
 priority, like the lab's forwarder: a self-check measures the link, and on a host busy
-with training a starved blaster would offer less than the link carries (docs/wan.md).
+with training a starved blaster would offer less than the link carries (docs/lab.md).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class Link(ABC):
 class TunLink(Link):
     """Where the kernel has no netem: the kernel shapes rate (``tbf`` on each TUN's egress)
     and loss (an eBPF drop at each TUN's ingress, lab/dropper.py); a forwarder process
-    between the two TUN devices adds only the delay and jitter (docs/wan.md)."""
+    between the two TUN devices adds only the delay and jitter (docs/lab.md)."""
 
     mechanism: Mechanism = "tun"
 

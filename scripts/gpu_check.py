@@ -133,7 +133,7 @@ def check_federation(device: str) -> str:
             for cloud in ("aws", "gcp"):
                 code = kids.procs[cloud].wait(timeout=FED_TIMEOUT_S)
                 require(code == 0, f"agent {cloud} exited {code}:\n{kids.log(cloud)[-2000:]}")
-            digest = running.federation.weights_digest
+            digest = running.federation.model.weights_digest
         for cloud in ("aws", "gcp"):
             report = json.loads((work / f"{cloud}.json").read_text())
             require(report["round"] == ROUNDS - 1, f"{cloud} ended at round {report['round']}")

@@ -4,7 +4,7 @@ gRPC's Python API has no socket hook, so a service cannot choose its connections
 congestion control; it can say which one they get. The route to the peer decides first
 (``ip route ... congctl bbr``, as the lab sets it), else the host's default
 (``net.ipv4.tcp_congestion_control``). Both ends call :func:`congestion_control` at start
-and log it (docs/wan.md says how to give a real host BBR).
+and log it (docs/tune-wan-hosts.md says how to give a real host BBR).
 """
 
 from __future__ import annotations

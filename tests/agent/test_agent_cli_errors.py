@@ -1,4 +1,4 @@
-"""An agent's start-up mistakes are one line and exit code 2, at once (issue #22)."""
+"""An agent's start-up mistakes are one line and exit code 2, at once."""
 
 from __future__ import annotations
 

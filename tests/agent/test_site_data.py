@@ -1,4 +1,4 @@
-"""Sites started from the same recipe train on their own batches (issue #22, item 18)."""
+"""Sites started from the same recipe train on their own batches."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A frame is checked against the shape the receiver expects before anything of the size
-it claims is allocated: a kilobyte cannot cost gigabytes (issue #22, item 3)."""
+it claims is allocated: a kilobyte cannot cost gigabytes."""
 
 from __future__ import annotations
 

@@ -114,3 +114,59 @@ def test_every_measured_run_is_listed_in_results_md():
     runs = sorted(ROOT.glob("bench/results/*.md"))
     missing = [str(p.relative_to(ROOT)) for p in runs if p.resolve() not in listed]
     assert not missing, f"runs not listed in docs/results.md (add a row for each): {missing}"
+
+
+# A code comment cites a section as ``docs/<page>.md#anchor``, ``docs/<page>.md, "Heading"``
+# or ``docs/<page>.md, Heading`` (capitalised, up to the next bracket, stop or ", ").
+CITATION = re.compile(
+    r"docs/(?P<page>[\w./-]+\.md)"
+    r"(?:#(?P<anchor>[\w-]+)"
+    r'|,\s+"(?P<quoted>[^"]+)"'
+    r"|,\s+(?P<plain>[A-Z][^()\"\n.;:]*?)(?=[).;:]|,\s|$))"
+)
+
+
+def headings(page: Path) -> list[str]:
+    """Each heading's text, lower case, without code marks."""
+    text = FENCE.sub("", page.read_text())
+    return [
+        m.group(1).replace("`", "").strip().lower()
+        for m in re.finditer(r"^#{1,6}\s+(.*)$", text, re.M)
+    ]
+
+
+def dead_citations(source: str) -> list[str]:
+    """The section citations in ``source`` (comments joined across lines) that lead nowhere."""
+    joined = re.sub(r"\s*\n\s*(?:#\s?)?", " ", source)
+    bad = []
+    for m in CITATION.finditer(joined):
+        page = DOCS / m["page"]
+        cited = m["anchor"] or m["quoted"] or m["plain"]
+        if not page.exists():
+            bad.append(f"docs/{m['page']} (no such page)")
+        elif m["anchor"] and m["anchor"] not in anchors(page):
+            bad.append(f"docs/{m['page']}#{cited} (no such heading)")
+        elif not m["anchor"]:
+            wanted = cited.replace("`", "").strip().lower()
+            if not any(wanted in heading for heading in headings(page)):
+                bad.append(f'docs/{m["page"]}, "{cited}" (no such heading)')
+    return bad
+
+
+def test_sections_cited_in_code_exist():
+    sources = [p for p in python_sources() if p != Path(__file__).resolve()]  # not the examples
+    dead = [f"{p.relative_to(ROOT)}: {d}" for p in sources for d in dead_citations(p.read_text())]
+    assert not dead, f"code cites docs sections that do not exist (fix the citation): {dead}"
+
+
+def test_citation_checker_catches_a_dead_section():
+    source = (
+        "x = 1  # the mean (docs/scale.md, The aggregate), then the rest\n"
+        '# see docs/wan.md#overlap and docs/wan.md, "No such\n'
+        '# heading"; docs/scale.md, Nowhere). Also docs/scale.md#nope.\n'
+    )
+    assert dead_citations(source) == [
+        'docs/wan.md, "No such heading" (no such heading)',
+        'docs/scale.md, "Nowhere" (no such heading)',
+        "docs/scale.md#nope (no such heading)",
+    ]

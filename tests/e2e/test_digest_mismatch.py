@@ -1,6 +1,6 @@
 """An agent whose weights drift off the coordinator's after an aggregate resyncs before
 anything trained from them leaves, with real processes; with and without overlap (the
-check waits for the next local steps: docs/wan.md, "Top-k's exchange, phase by phase")."""
+check waits for the next local steps: docs/wan.md, "A round's critical path")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An agent down at the last round still gets the final weights (issue #22, item 13)."""
+"""An agent down at the last round still gets the final weights."""
 
 from __future__ import annotations
 
