@@ -89,9 +89,11 @@ class CoordinatorConfig:
     Streaming DiLoCo): a round then costs about max(training, exchange) instead of their
     sum. Told to agents in the welcome; every agent applies the same updates at the same
     points, so all stay bit-identical. It costs loss per round, so an unset ``outer_lr``
-    is halved with it (FedAvg at 0.5): at the full rate the stale steps overshot, at 4
-    local steps (docs/wan.md#overlap) and at 128 (digits 2/5 seeds to the target against
-    3/5 at half; docs/outer-optimizer.md, Defaults)."""
+    is halved with it (FedAvg at 0.5): at the full rate the stale steps overshot at 4 local
+    steps (docs/wan.md#overlap) and at 128 (data-parallel's loss within 2x its steps on
+    2 of 5 digits seeds and 0 of 2 chargpt seeds; at half 3 of 5 and 1 of 2; at a quarter
+    1 of 5). At 128 local steps it still cost steps (chargpt 1.91x S against 1.31x
+    without), more than the exchange it hides (docs/outer-optimizer.md)."""
     codec: str = "auto"
     """Link codec: ``auto`` lets the link policy pick each link's codec from its measured
     RTT, loss and goodput; a codec name (fp32, fp16, bf16, topk, ecsgd) fixes it."""
