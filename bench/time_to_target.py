@@ -40,10 +40,12 @@ tell the levers apart. The last line is the worst run's:
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -84,6 +86,8 @@ class Reached:
     """Of ``wall_s``, the slowest site's local training, summed over the rounds."""
     bytes: int
     """Payload bytes of those rounds, every contribution and the broadcast to every site."""
+    codecs: str = ""
+    """The broadcast's codec over those rounds, as runs: ``fp16 x6, ecsgd x119``."""
 
 
 def read_target(run_dir: Path, target: float) -> Reached | None:
@@ -112,7 +116,14 @@ def read_target(run_dir: Path, target: float) -> Reached | None:
         wall_s=closed[r]["wall_s"] - started,
         train_s=sum(float(x.get("train_s", 0.0)) for x in upto),
         bytes=sum(int(x.get("bytes_up", 0)) + int(x.get("bytes_down", 0)) for x in upto),
+        codecs=_runs(str(x.get("downlink_codec", "")) for x in upto),
     )
+
+
+def _runs(names: Iterable[str]) -> str:
+    """``fp16 x6, ecsgd x119``: consecutive equal names counted."""
+    groups = [(name, len(list(run))) for name, run in itertools.groupby(names)]
+    return ", ".join(f"{name or '?'} x{count}" for name, count in groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +251,7 @@ def describe(dp: GlooResult, runs: list[SkyfedRun], args: argparse.Namespace) ->
             f"({per_step:.1f} ms a step, {per_step / (1e3 * dp.wall_s / dp.steps):.2f}x "
             f"data-parallel's; training {train:.0%} of it), payload {got.bytes / 1e6:.3f} MB "
             f"({dp.bytes / max(1, got.bytes):.0f}x fewer), on the links {r.link_bytes / 1e6:.3f} MB "
-            f"({dp.bytes / max(1, r.link_bytes):.0f}x fewer)"
+            f"({dp.bytes / max(1, r.link_bytes):.0f}x fewer); broadcast codecs {got.codecs}"
         )
     for r in runs:
         lines.append(time_to_target_line(dp, r, args))

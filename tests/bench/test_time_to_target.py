@@ -55,7 +55,10 @@ def _history(run_dir: Path, evals: list[float]) -> None:
     agents = [{"name": "aws-1", "bytes_up": 0, "bytes_down": 0}]
     for r, loss in enumerate(evals):
         record = {"round": r, "duration_s": 2.0, "train_s": 1.5, "wall_s": 12.0 + 2 * r}
-        history.round({**record, "bytes_up": 1000, "bytes_down": 3000}, agents)
+        codec = "fp16" if r < 2 else "ecsgd"
+        history.round(
+            {**record, "bytes_up": 1000, "bytes_down": 3000, "downlink_codec": codec}, agents
+        )
         if r:
             history.timed(r - 1, [{"name": "aws-1", "exchange_s": 0.5, "floor_s": 0.1}])
         history.eval(EvalResult(r, loss, 0.01), wall_s=13.0 + 2 * r)
@@ -70,6 +73,7 @@ def test_the_target_is_the_first_evaluation_under_it_and_counts_the_rounds_to_it
     assert got.wall_s == pytest.approx(6.0)  # round 0 opened at 10 s, round 2 closed at 16 s
     assert got.train_s == pytest.approx(4.5)
     assert got.bytes == 3 * 4000  # each round's line once: its timing line adds no bytes
+    assert got.codecs == "fp16 x2, ecsgd x1"
     missed = ttt.read_target(tmp_path, 1.0)
     assert (missed.reached, missed.round, missed.bytes) == (False, 4, 5 * 4000)
 
