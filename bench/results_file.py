@@ -3,10 +3,14 @@ with the command, the commit, the date, the host and the output (docs/results.md
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
 import os
 import shlex
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -60,6 +64,28 @@ def _lock_prefix() -> str:
         if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
             return f"flock {args[1].decode()} "
     return ""
+
+
+@contextlib.contextmanager
+def recording(bench: str, what: str | None, argv: list[str]) -> Iterator[None]:
+    """Print as usual and, with ``what``, keep what was printed as its record (on exit)."""
+    if what is None:
+        yield
+        return
+    kept = io.StringIO()
+    out = sys.stdout
+
+    class Tee(io.TextIOBase):
+        def write(self, text: str) -> int:
+            kept.write(text)
+            return out.write(text)
+
+        def flush(self) -> None:
+            out.flush()
+
+    with contextlib.redirect_stdout(Tee()):
+        yield
+    print(f"recorded: {record(bench, what, argv, kept.getvalue().splitlines())}")
 
 
 def _commit() -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skyfed.coordinator.history import ROUNDS_FILE, read
+from skyfed.coordinator.history import ROUNDS_FILE, read, rounds
 from skyfed.coordinator.runinfo import RUN_FILE
 
 STATUS_FILE = "status.json"
@@ -58,12 +58,11 @@ def load(run_dir: Path) -> RunData:
         raise FileNotFoundError(
             f"{path} not found: run the coordinator with --run-dir {run_dir} to record one"
         )
-    rounds: dict[int, dict[str, Any]] = {}
-    evals: dict[int, dict[str, Any]] = {}
-    for line in read(path):
-        # A restarted coordinator appends: the latest line for a round wins.
-        (rounds if line.get("kind") == "round" else evals)[int(line["round"])] = line
-    ordered = [rounds[k] for k in sorted(rounds)]
+    lines = read(path)
+    by_round = rounds(lines)
+    # A restarted coordinator appends: the latest evaluation of a round wins.
+    evals = {int(x["round"]): x for x in lines if x.get("kind") == "eval"}
+    ordered = [by_round[k] for k in sorted(by_round)]
     status, run = (_json(run_dir / name) for name in (STATUS_FILE, RUN_FILE))
     return RunData(ordered, [evals[k] for k in sorted(evals)], status, _links(ordered), run)
 
