@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,8 +22,8 @@ import torch
 
 from skyfed import failpoints
 from skyfed.agent import failure, state
+from skyfed.agent.core import LocalResult, TrainerCore
 from skyfed.agent.gpus import GpuBoard, GpuWatch
-from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.agent.uplink import Uplink
 from skyfed.compression import Codec, decode_payload, rounding_seed
 from skyfed.compression.spec import codec_from_spec
@@ -74,7 +75,7 @@ class Site:
 
     def __init__(
         self,
-        trainer: LocalTrainer,
+        trainer: TrainerCore,
         group: RankGroup | None = None,
         *,
         sender: str = "",
@@ -294,10 +295,12 @@ class Site:
 
     def _train(self) -> LocalResult:
         result = self._result = self.trainer.train()
-        heard = self.group.gather((result.loss, self.gpu.last))
+        heard = self.group.gather((result.loss, result.samples, self.gpu.last))
         if self.group.rank == 0:
-            result.loss = sum(loss for loss, _ in heard) / len(heard)
-            self.gpus.update([reading for _, reading in heard], self.gpu.why_not)
+            losses = [loss for loss, _, _ in heard if math.isfinite(loss)]
+            result.loss = sum(losses) / len(losses) if losses else math.nan
+            result.samples = sum(samples for _, samples, _ in heard)
+            self.gpus.update([reading for _, _, reading in heard], self.gpu.why_not)
         return result
 
     def _set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
