@@ -354,21 +354,22 @@ class ScriptSite:
         self._handoff.end(error)
 
     def _lead(self, agent: Any) -> None:
-        """Rank 0: the session loop; then release ranks 1.. (those still following)."""
+        """Rank 0: the session loop; then release ranks 1.. from following it."""
         from skyfed.agent.launch import serve_session
 
         try:
             serve_session(agent, say=log.info)
-        except Stopped:
-            raise  # every rank's own close() ends its own thread
         except BaseException as exc:
             if not failure.lost_peer(exc):
                 self._release(_why(exc))
             raise
-        if not self._handoff.closed:
-            self._release(None)
+        self._release(None)
 
     def _release(self, reason: str | None) -> None:
+        """Tell ranks 1.. that the site ends (``reason``: why; None: finished). Not after a
+        close: each rank's own ``close()`` ends its own thread, and they follow no more."""
+        if self._handoff.closed:
+            return
         try:
             self._site.stop(reason)
         except Exception as exc:  # a rank already gone: it does not follow any more

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from skyfed.tasks.base import Task
-from skyfed.validate import MAX_METRICS, metrics_problem
+from skyfed.validate import valid_metrics
 
 log = logging.getLogger(__name__)
 
@@ -175,16 +175,13 @@ def measure_of(task: Task) -> Callable[[nn.Module], dict[str, Any]] | None:
 
 
 def bounded(metrics: dict[str, Any], round_: int) -> dict[str, float]:
-    """``metrics`` held to the wire's rules: each entry that breaks them is dropped, and
-    so is any past the first ``MAX_METRICS``, with a warning saying why."""
-    kept: dict[str, float] = {}
-    for name, value in metrics.items():
-        scalar = isinstance(value, torch.Tensor) and value.numel() == 1
-        value = float(value) if scalar or isinstance(value, int | float) else value
-        problem = metrics_problem({name: value})
-        if problem is None and len(kept) < MAX_METRICS:
-            kept[name] = value
-            continue
-        why = problem or f"more than {MAX_METRICS} metrics"
+    """``metrics`` held to the wire's rules (``skyfed.validate.valid_metrics``): what
+    breaks them is dropped, with a warning saying why."""
+    scalars = {
+        name: float(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+        for name, value in metrics.items()
+    }
+    kept, dropped = valid_metrics(scalars)
+    for why in dropped:
         log.warning("[Coordinator.Eval] round=%d metric dropped: %s", round_, why)
     return kept

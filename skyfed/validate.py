@@ -56,3 +56,22 @@ def metrics_problem(metrics: Mapping[str, float]) -> str | None:
         if not (math.isfinite(value) and abs(value) <= METRIC_BOUND):
             return f"metric {name!r} = {value!r} must be finite, within +-{METRIC_BOUND:g}"
     return None
+
+
+def valid_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
+    """The entries of ``metrics`` that may travel (the first ``MAX_METRICS`` that keep
+    :func:`metrics_problem`'s rules), and why each other one was left out."""
+    kept: dict[str, float] = {}
+    dropped: list[str] = []
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            dropped.append(f"metric {str(name)[:80]!r} is a {type(value).__name__}, not a number")
+            continue
+        problem = metrics_problem({name: float(value)})
+        if problem is None and len(kept) == MAX_METRICS:
+            problem = f"metric {name!r}: more than {MAX_METRICS} metrics"
+        if problem is not None:
+            dropped.append(problem)
+            continue
+        kept[name] = float(value)
+    return kept, dropped

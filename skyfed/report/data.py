@@ -45,8 +45,8 @@ class RunData:
 
     def metrics(self) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
         """Every named metric the run recorded, by name, then by source: ``held-out``
-        (the coordinator's evaluations) or a site's name (what it reported with its
-        contributions); each source's (rounds, values)."""
+        (the coordinator's evaluations, less their loss: the loss figure's) or a site's
+        name (what it reported with its contributions); each source's (rounds, values)."""
         out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
 
         def add(name: str, source: str, round_: int, value: float) -> None:
@@ -56,7 +56,8 @@ class RunData:
 
         for e in self.evals:
             for name, value in sorted(e.get("metrics", {}).items()):
-                add(name, "held-out", int(e["round"]), value)
+                if name != "loss":
+                    add(name, "held-out", int(e["round"]), value)
         for r in self.rounds:
             for site, link in sorted(r.get("links", {}).items()):
                 for name, value in sorted(link.get("metrics", {}).items()):

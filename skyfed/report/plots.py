@@ -60,7 +60,7 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
             fig = draw(data)
             for ax in fig.get_axes():
                 if ax.get_xlabel() == "round":
-                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
             path = out / f"{name}.png"
             fig.savefig(path, bbox_inches="tight")
             plt.close(fig)
