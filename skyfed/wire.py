@@ -345,7 +345,7 @@ def _check_announce(m: Announce) -> None:
         _finite_in("contribution.loss", m.loss, -1e30, 1e30)
     problem = metrics_problem(m.metrics)
     if problem is not None:
-        raise ProtocolError(f"contribution.metrics: {problem}")
+        raise ProtocolError(f"contribution.metrics is out of bounds: {problem}")
     _finite_in("contribution.train_s", m.train_s, 0.0, MAX_TRAIN_S)
     _int_in("contribution.raw_bytes", m.raw_bytes, 0, MAX_RAW_BYTES)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -154,6 +155,17 @@ def test_the_model_holds_the_federations_weights_once_the_site_has_joined(serve,
     assert weights_digest(p.detach() for p in model.parameters()) == (
         running.federation.model.weights_digest
     )
+
+
+def test_a_phase_whose_script_told_no_loss_leaves_the_rounds_loss_unsaid(serve, pki):
+    running = serve(task=TASK, rounds=1)
+    model, optimizer = mlp()
+    with skyfed.Site(model, optimizer, cloud="aws", certs=pki.directory,
+                     coordinator=f"localhost:{running.port}", local_steps=2) as site:  # fmt: skip
+        while site.step():  # no loss, no samples: each step counts samples_per_step
+            pass
+    (stats,) = running.federation.status().rounds
+    assert stats.contributors == 1 and math.isnan(stats.mean_loss)
 
 
 def test_a_script_site_whose_model_differs_is_refused_in_one_line(serve, pki):
