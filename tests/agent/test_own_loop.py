@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import skyfed
+from skyfed.fingerprint import weights_digest
 from skyfed.procs import command
 from skyfed.report import make_report
 from skyfed.tasks import load_task
@@ -150,8 +151,19 @@ def test_the_model_holds_the_federations_weights_once_the_site_has_joined(serve,
         assert train(site, model, optimizer, steps=100) == 6  # 2 rounds of 3 steps
         assert site.finished and not site.step()
     assert [id(p) for p in model.parameters()] == params  # updated in place
-    from skyfed.fingerprint import weights_digest
+    assert weights_digest(p.detach() for p in model.parameters()) == (
+        running.federation.model.weights_digest
+    )
 
+
+def test_with_overlap_a_script_trains_the_next_phase_while_its_round_is_in_flight(serve, pki):
+    """The aggregate of round r is applied at the boundary after phase r+1 (as
+    ``agent start`` does); the last phase's steps, past the final round, are dropped."""
+    running = serve(task=TASK, rounds=3, overlap=True)
+    model, optimizer = mlp()
+    with skyfed.Site(model, optimizer, cloud="aws", certs=pki.directory,
+                     coordinator=f"localhost:{running.port}", local_steps=2) as site:  # fmt: skip
+        assert train(site, model, optimizer, steps=100) == 2 * (3 + 1)
     assert weights_digest(p.detach() for p in model.parameters()) == (
         running.federation.model.weights_digest
     )
