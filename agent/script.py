@@ -184,7 +184,8 @@ class ScriptSite:
     Raises:
         SiteError: the site could not join (refused, no session within
             ``give_up_after_s``, a rank down); the message says why, in one line.
-        ValueError: an option out of its bounds, or one the script decides itself.
+        ValueError: an option out of its bounds, one the script decides itself, or a
+            certificate or key that is missing or not a pair.
     """
 
     def __init__(
@@ -394,7 +395,11 @@ def script_config(**fields: Any) -> AgentConfig:
     for option in PATH_OPTIONS:
         if isinstance(fields.get(option), str):
             fields[option] = Path(fields[option])
-    return AgentConfig(**fields)
+    config = AgentConfig(**fields)
+    from skyfed.agent.preflight import check_certificates
+
+    check_certificates(config)  # one line now, not a failed handshake later
+    return config
 
 
 def unwrapped(model: nn.Module) -> nn.Module:

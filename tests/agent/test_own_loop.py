@@ -204,10 +204,14 @@ def test_a_gradient_exchange_federation_refuses_a_script_site_in_one_line(serve,
         ({"no_such": 1}, "has no option 'no_such'"),
         ({"local_steps": 0}, "local_steps=0 must be in 1.."),
         ({"samples_per_step": 0}, "samples_per_step=0 must be >= 1"),
+        ({"key": "{certs}/gcp-1.key"}, "is not the private key of --cert"),
     ],
 )
 def test_a_script_site_option_out_of_bounds_is_refused_before_it_dials(pki, options, words):
     model, optimizer = mlp()
+    options = {
+        k: v.format(certs=pki.directory) if isinstance(v, str) else v for k, v in options.items()
+    }
     with pytest.raises(ValueError, match=words):
         skyfed.Site(model, optimizer, cloud="aws", certs=pki.directory,
                     coordinator="localhost:9", **options)  # fmt: skip
