@@ -31,9 +31,12 @@ def tutorial_script(into: Path) -> Path:
     return script
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
 def test_the_tutorials_trainer_site_trains_bit_identical_with_an_agent_start_site(
-    serve, reaped, pki, tmp_path
+    serve, reaped, pki, tmp_path, ranks
 ):
+    """One process, and two under torchrun (the Trainer's own DDP over Gloo: a site of
+    two replicas)."""
     assert pki.directory == tmp_path / "certs"  # where the script looks for them
     script = tutorial_script(tmp_path)
     subprocess.run(
@@ -50,6 +53,9 @@ def test_the_tutorials_trainer_site_trains_bit_identical_with_an_agent_start_sit
     agent |= {"--certs": pki.directory, "--local-steps": 2, "--report": tmp_path / "gcp.json"}
     reaped.start("gcp", command("agent", "start", *(str(x) for f in agent.items() for x in f)))
     trainer = [sys.executable, str(script), "--cloud", "aws", "--coordinator", f"localhost:{port}"]
+    if ranks > 1:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        trainer = [*torchrun, f"--nproc-per-node={ranks}", *trainer[1:]]
     proc = subprocess.Popen(
         [*trainer, "--local-steps", "2"],
         cwd=tmp_path,
@@ -76,6 +82,7 @@ def test_the_tutorials_trainer_site_trains_bit_identical_with_an_agent_start_sit
     # The Trainer's evaluation (step 10) went with its next contribution.
     aws = next(a for a in running.federation.status(departed=True).agents if a.name == "aws-1")
     assert set(aws.metrics) == {"eval_loss"} and aws.metrics_round == ROUNDS - 1
+    assert (aws.dp, aws.tp) == (ranks, 1)
 
     def reported() -> list[dict]:
         lines = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
