@@ -111,16 +111,17 @@ class ScriptTrainer(TrainerCore):
         settle()  # the script's first optimizer step may come at once
         self._losses, self._samples = [], 0
         self.handoff.to_script()
-        losses = [float(loss) for loss in self._losses]  # one device sync per phase
-        return Steps([x for x in losses if math.isfinite(x)], self._samples * self._counts)
+        return Steps(_finite(self._losses), self._samples * self._counts)
 
     def step(self, loss: torch.Tensor | float | None, samples: int | None) -> bool:
         """The script's optimizer step is done (on the script's thread): True while the
         federation goes on; at a phase boundary, after its exchange."""
         if self.handoff.ended:
             return self.handoff.wait_turn()
-        if loss is not None:
-            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        if isinstance(loss, torch.Tensor):  # read at the boundary, not synced every step
+            self._losses.append(loss.detach().float().mean())
+        elif loss is not None:
+            self._losses.append(float(loss))
         self._samples += self.samples_per_step if samples is None else samples
         self.stepped()
         if self.local_step < self.local_steps:
@@ -461,6 +462,15 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | SiteDown):
         return str(exc)
     return failure.one_line(exc)
+
+
+def _finite(losses: list[torch.Tensor | float]) -> list[float]:
+    """The phase's losses as numbers, its tensors read in one transfer; NaN and inf left out."""
+    tensors = [x for x in losses if isinstance(x, torch.Tensor)]
+    numbers = [x for x in losses if not isinstance(x, torch.Tensor)]
+    if tensors:
+        numbers += torch.stack([t.to(tensors[0].device) for t in tensors]).tolist()
+    return [x for x in numbers if math.isfinite(x)]
 
 
 def _number(value: Any) -> Any:
