@@ -159,8 +159,9 @@ class CoordinatorConfig:
     unless ``status_file`` says otherwise, ``status.json``; ``skyfed report RUN_DIR`` plots
     it (docs/operations.md)."""
     eval_every: int = 5
-    """Evaluate the canonical weights on the task's held-out data (its ``eval_loss``) every
-    this many rounds and after the last, on a worker thread off the rounds' path (0: never)."""
+    """Evaluate the canonical weights on the task's held-out data (its ``eval_metrics``, or
+    its ``eval_loss``) every this many rounds and after the last, on a worker thread off
+    the rounds' path (0: never)."""
     metrics_listen: str = ""
     """HOST:PORT of the plain-HTTP ``/metrics``, ``/healthz`` and ``/readyz`` port ("": off).
     Outside mTLS: loopback only unless ``metrics_public`` (docs/operations.md)."""

@@ -3,9 +3,10 @@ as rounds close, read by ``skyfed report`` (docs/operations.md, "Run directory")
 
 One ``"kind": "round"`` line per closed round holds the round's figures and, under
 ``links``, each agent's codec, RTT, jitter, loss and the bytes (wire and fp32) its link
-carried since the previous round: summing its bytes over the lines counts every byte
-once. A ``"kind": "eval"`` line holds a held-out evaluation, which finishes later than
-its round.
+carried since the previous round (summing its bytes over the lines counts every byte
+once), and the named metrics its site reported with its contribution to that round
+(``metrics``, docs/own-loop.md). A ``"kind": "eval"`` line holds a held-out evaluation,
+which finishes later than its round, with every metric it gave (``metrics``).
 
 A link's exchange in a round against its floor (``exchange_s``, ``floor_s``, ``ratio``,
 ``limit``; docs/striping.md) is known only once its agent timed it, which its next
@@ -52,7 +53,7 @@ class RunHistory:
         """Append one closed round with the links' state as ``agents`` show it now, and
         their efficiencies in it that are known (``record["links"]``)."""
         timed = record.get("links", [])
-        links = {a["name"]: self._link(a) for a in agents}
+        links = {a["name"]: self._link(a, int(record["round"])) for a in agents}
         line = _with_efficiency({"kind": "round", **record, "links": links}, timed)
         with self._lock:
             self._lines[int(record["round"])] = line
@@ -88,14 +89,17 @@ class RunHistory:
                 "eval_loss": result.loss,
                 "eval_s": result.seconds,
                 "wall_s": wall_s,
+                "metrics": result.metrics,
             }
         )
 
     def close(self) -> None:
         """Every line is flushed as written; nothing to do."""
 
-    def _link(self, agent: dict[str, Any]) -> dict[str, Any]:
+    def _link(self, agent: dict[str, Any], round_: int) -> dict[str, Any]:
         link = {k: agent[k] for k in LINK_FIELDS if k in agent}
+        if agent.get("metrics") and agent.get("metrics_round") == round_:
+            link["metrics"] = dict(agent["metrics"])
         for key in COUNTERS:
             total = int(agent.get(key, 0))
             last = self._totals.get((agent["name"], key), 0)

@@ -43,6 +43,27 @@ class RunData:
     def column(self, key: str) -> list[float]:
         return [float(r.get(key, math.nan)) for r in self.rounds]
 
+    def metrics(self) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+        """Every named metric the run recorded, by name, then by source: ``held-out``
+        (the coordinator's evaluations, less their loss: the loss figure's) or a site's
+        name (what it reported with its contributions); each source's (rounds, values)."""
+        out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+
+        def add(name: str, source: str, round_: int, value: float) -> None:
+            rounds, values = out.setdefault(name, {}).setdefault(source, ([], []))
+            rounds.append(round_)
+            values.append(float(value))
+
+        for e in self.evals:
+            for name, value in sorted(e.get("metrics", {}).items()):
+                if name != "loss":
+                    add(name, "held-out", int(e["round"]), value)
+        for r in self.rounds:
+            for site, link in sorted(r.get("links", {}).items()):
+                for name, value in sorted(link.get("metrics", {}).items()):
+                    add(name, site, int(r["round"]), value)
+        return out
+
     def wall_at(self, round_: int) -> float:
         """Wall time (s) the given round closed at; NaN if unknown."""
         for r in self.rounds:

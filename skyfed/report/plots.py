@@ -46,13 +46,15 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
         "efficiency": _efficiency,
         "links": _links,
     }
+    if data.metrics():
+        figures["metrics"] = _metrics
     paths = {}
     with plt.rc_context(STYLE):
         for name, draw in figures.items():
             fig = draw(data)
             for ax in fig.get_axes():
                 if ax.get_xlabel() == "round":
-                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
             path = out / f"{name}.png"
             fig.savefig(path, bbox_inches="tight")
             plt.close(fig)
@@ -89,6 +91,28 @@ def _loss(data: RunData) -> plt.Figure:
     by_round.set(xlabel="round", ylabel="loss", title="Loss by round")
     by_wall.set(xlabel="wall time since the coordinator started (s)", title="Loss by wall time")
     by_round.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+METRIC_PANELS = 6
+"""Named metrics drawn at most (one panel each); the totals table lists every one."""
+
+
+def _metrics(data: RunData) -> plt.Figure:
+    """One panel per named metric: the held-out evaluation's and each site's reports."""
+    named = list(data.metrics().items())[:METRIC_PANELS]
+    cols = min(3, len(named))
+    rows = -(-len(named) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH_IN, 2.3 * rows), squeeze=False)
+    for ax, (name, sources) in zip(axes.flat, named, strict=False):
+        for i, (source, (rounds, values)) in enumerate(sources.items()):
+            style = series_style(i, len(sources))
+            ax.plot(rounds, values, label=source, **style)
+        ax.set(xlabel="round", title=name)
+        ax.legend(loc="best")
+    for ax in list(axes.flat)[len(named) :]:
+        ax.set_visible(False)
     fig.tight_layout()
     return fig
 

@@ -43,12 +43,26 @@ def test_headline_gives_round_of_planned_and_eta():
 def test_history_lines_carry_per_round_link_bytes(tmp_path):
     history = RunHistory(tmp_path / "rounds.jsonl")
     history.round({"round": 0}, [agent("aws-1", 100)])
-    history.round({"round": 1}, [agent("aws-1", 250)])
-    history.round({"round": 2}, [agent("aws-1", 40)])  # reconnected: counts from zero
-    history.eval(EvalResult(2, 1.5, 0.1), wall_s=9.0)
+    reported = {"metrics": {"accuracy": 0.5}, "metrics_round": 1}  # with round 1's contribution
+    history.round({"round": 1}, [{**agent("aws-1", 250), **reported}])
+    history.round({"round": 2}, [{**agent("aws-1", 40), **reported}])  # reconnected: from 0
+    history.eval(EvalResult(2, 1.5, 0.1, {"loss": 1.5, "accuracy": 0.25}), wall_s=9.0)
     lines = read(history.path)
     assert [x["links"]["aws-1"]["bytes_up"] for x in lines[:3]] == [100, 150, 40]
-    assert lines[3] == {"kind": "eval", "round": 2, "eval_loss": 1.5, "eval_s": 0.1, "wall_s": 9.0}
+    assert [x["links"]["aws-1"].get("metrics") for x in lines[:3]] == [
+        None,
+        {"accuracy": 0.5},
+        None,
+    ]
+    metrics = {"loss": 1.5, "accuracy": 0.25}
+    assert lines[3] == {
+        "kind": "eval",
+        "round": 2,
+        "eval_loss": 1.5,
+        "eval_s": 0.1,
+        "wall_s": 9.0,
+        "metrics": metrics,
+    }
     with open(history.path, "a") as f:
         f.write('{"kind": "round", "rou')  # a kill mid-write
     assert len(read(history.path)) == 4
