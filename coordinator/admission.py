@@ -17,6 +17,7 @@ import grpc
 
 from skyfed.certs.identity import Identity
 from skyfed.compression import frame
+from skyfed.coordinator.outer import long_phase_refusal
 from skyfed.errors import (
     IdentityMismatchError,
     ModelMismatchError,
@@ -25,6 +26,7 @@ from skyfed.errors import (
     UnsupportedDigestError,
     UnsupportedExchangeError,
     UnsupportedFrameError,
+    UnsupportedOuterError,
 )
 from skyfed.fingerprint import DIGEST_PREFIX, describe_mismatch, is_weights_digest
 from skyfed.netinfo import CongestionControl
@@ -87,8 +89,14 @@ class Admission:
                 f"the agent speaks payload frames version {hello.frame_version or 1}; this "
                 f"coordinator speaks version {frame.VERSION}: run the same skyfed on both"
             )
+        rounds = fed.config.rounds
+        why = long_phase_refusal(
+            rounds.outer_optimizer, rounds.outer_lr, rounds.outer_momentum, hello.local_steps
+        )
+        if why is not None:
+            raise UnsupportedOuterError(why)
         offered = list(hello.exchanges) or ["delta"]  # agents from before the field
-        if fed.config.rounds.exchange not in offered:
+        if rounds.exchange not in offered:
             raise UnsupportedExchangeError(
                 f"this federation exchanges {fed.config.rounds.exchange!r}; the agent offers "
                 f"{offered} (upgrade it)"

@@ -142,18 +142,27 @@ class RoundsConfig:
     apply round r's aggregate when those steps end (one-round-stale pseudo-gradients, as in
     Streaming DiLoCo): a round then costs about max(training, exchange) instead of their
     sum. Told to agents in the welcome; every agent applies the same updates at the same
-    points, so all stay bit-identical. It costs loss per round: with it, halve
-    ``outer_lr`` (measured in docs/wan.md#overlap)."""
+    points, so all stay bit-identical. It costs loss per round, so an unset ``outer_lr``
+    is halved with it (FedAvg at 0.5): at the full rate the stale steps overshot at 4 local
+    steps (docs/wan.md#overlap) and at 128 (data-parallel's loss within 2x its steps on
+    2 of 5 digits seeds and 0 of 2 chargpt seeds; at half 3 of 5 and 1 of 2; at a quarter
+    1 of 5). At 128 local steps it still cost steps (chargpt 1.91x S against 1.31x
+    without), more than the exchange it hides (docs/outer-optimizer.md)."""
     outer_optimizer: OuterKind = "sgd"
     """The coordinator's outer step on the round's mean pseudo-gradient (docs/protocol.md):
     ``sgd`` (with no momentum and ``outer_lr = 1``: federated averaging) or ``nesterov``
-    (DiLoCo's outer Nesterov momentum, which lets long local phases converge). Its state is
+    (DiLoCo's outer Nesterov momentum). Measured on both tasks, FedAvg reached per-step
+    data-parallel's loss in the fewest steps at every local phase tried (1-128 steps);
+    DiLoCo's 0.7 / 0.9 overshot at 4-64 and diverged at 128, so with them unset an agent
+    of 64 or more local steps is refused (docs/outer-optimizer.md). Its state is
     checkpointed; the broadcast carries the step it applied."""
     outer_lr: float | None = None
-    """Outer step size; unset: 1.0 for ``sgd``, DiLoCo's 0.7 for ``nesterov``."""
+    """Outer step size; unset: 1.0 for ``sgd``, DiLoCo's 0.7 for ``nesterov``, each halved
+    under ``overlap``."""
     outer_momentum: float | None = None
     """Outer momentum; unset: 0 for ``sgd``, DiLoCo's 0.9 for ``nesterov`` (which needs one
-    in (0, 1))."""
+    in (0, 1); refused for agents of 64 or more local steps unless this and ``outer_lr``
+    are set)."""
     sgd_lr: float = 0.1
     """``exchange = "gradient"``: the SGD step size."""
     sgd_momentum: float = 0.9
@@ -162,7 +171,9 @@ class RoundsConfig:
     @property
     def outer(self) -> OuterSettings:
         """The outer optimizer's settings, defaults resolved."""
-        return OuterSettings.resolve(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+        return OuterSettings.resolve(
+            self.outer_optimizer, self.outer_lr, self.outer_momentum, overlap=self.overlap
+        )
 
     def __post_init__(self) -> None:
         check_types(self, COMPONENT, "rounds")
@@ -250,14 +261,16 @@ class MetricsConfig:
     metrics_public: bool = False
     """Allow ``metrics_listen`` on a non-loopback address (a pod IP for Kubernetes probes)."""
     run_dir: Path | None = None
-    """The run directory: ``rounds.jsonl`` (one line per closed round and evaluation) and,
+    """The run directory: ``rounds.jsonl`` (one line per closed round, per evaluation and
+    per round whose links were timed after it closed) and,
     unless ``status_file`` says otherwise, ``status.json``; ``skyfed report RUN_DIR`` plots
     it (docs/operations.md)."""
     status_file: Path | None = None
     """Rewrite the status (as JSON) here after every round and at exit."""
     eval_every: int = 5
-    """Evaluate the canonical weights on the task's held-out data (its ``eval_loss``) every
-    this many rounds and after the last, on a worker thread off the rounds' path (0: never)."""
+    """Evaluate the canonical weights on the task's held-out data (its ``eval_metrics``, or
+    its ``eval_loss``) every this many rounds and after the last, on a worker thread off
+    the rounds' path (0: never)."""
     tensorboard: Path | None = None
     """Write TensorBoard scalars of every round here (needs the ``tensorboard`` extra)."""
 

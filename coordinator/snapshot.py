@@ -77,6 +77,7 @@ def build_status(fed: Federation, windows: bool = False, departed: bool = False)
         checkpoint_s=rounds.checkpoint_wait_s,
         eval_round=fed.evaluation.round if fed.evaluation else -1,
         eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
+        eval_metrics=dict(fed.evaluation.metrics) if fed.evaluation else {},
     )
 
 
@@ -107,6 +108,8 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         dp=s.dp,
         tp=s.tp,
         last_error=s.last_error,
+        metrics=dict(s.metrics),
+        metrics_round=s.metrics_round,
     )
 
 

@@ -95,6 +95,10 @@ class AgentStatus:
     tp: int = 1
     last_error: str = ""
     """Why its site last went down, as it said (docs/sites.md); "" if it never failed."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The named metrics its site last reported (a script's ``skyfed.Site.report``)."""
+    metrics_round: int = -1
+    """The round whose contribution carried ``metrics`` (-1: none yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,5 +154,8 @@ class Status:
     eval_loss: float = 0.0
     """Its loss: the task's ``eval_loss`` on the canonical weights (0 while ``eval_round``
     is -1)."""
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    """Every named metric of that evaluation (a task's ``eval_metrics``: loss, accuracy,
+    perplexity...; ``{"loss": eval_loss}`` for a task with ``eval_loss`` alone)."""
     replicas: ReplicaSet | None = None
     """The coordinator replicas (docs/failover.md); None: one coordinator, no election."""

@@ -8,8 +8,8 @@ coordinator's servicer and the agent's link touch protobuf. Field meanings are t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal, get_args
 
@@ -147,11 +147,15 @@ class Announce:
     """Chunks that follow; 0: streamed, the count comes in its :class:`ContributionEnd`
     (the first chunks leave before the last tensor is encoded, docs/scale.md, Streams)."""
     samples: int
-    loss: float = 0.0
+    loss: float | None = 0.0
+    """The mean loss of its local steps; None: not known (a script's phase may not say)."""
     train_s: float = 0.0
     raw_bytes: int = 0
     timing: ExchangeTiming | None = None
     """The agent's last exchange, as it timed it (efficiency only)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Named metrics the site reported since its last contribution (``skyfed.Site.report``;
+    bounded by :func:`metrics_problem`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +270,53 @@ def printable(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
+# ---- named metrics: what a site's report or an evaluation may carry -------------------------
+
+MAX_METRICS = 16
+"""Named metrics one report may carry: a site's (``skyfed.Site.report``) or an evaluation's."""
+MAX_METRIC_NAME = 64
+"""Characters of a metric's name."""
+METRIC_BOUND = 1e30
+"""A metric's value is finite and within this magnitude."""
+
+
+def metrics_problem(metrics: Mapping[str, float]) -> str | None:
+    """Why ``metrics`` cannot travel or be shown (too many, a name that is not a short
+    printable token, a value that is not a finite number), or None: the one rule for a
+    site's reports, an evaluation's results and the wire (docs/own-loop.md)."""
+    if len(metrics) > MAX_METRICS:
+        return f"{len(metrics)} metrics, at most {MAX_METRICS}"
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_METRIC_NAME:
+            return f"metric name {str(name)[:80]!r} must be 1..{MAX_METRIC_NAME} characters"
+        if not is_token(name):
+            return f"metric name {printable(name)!r} must be printable with no space"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"metric {name!r} is a {type(value).__name__}, not a number"
+        if not (math.isfinite(value) and abs(value) <= METRIC_BOUND):
+            return f"metric {name!r} = {value!r} must be finite, within +-{METRIC_BOUND:g}"
+    return None
+
+
+def valid_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
+    """The entries of ``metrics`` that may travel (the first ``MAX_METRICS`` that keep
+    :func:`metrics_problem`'s rules), and why each other one was left out."""
+    kept: dict[str, float] = {}
+    dropped: list[str] = []
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            dropped.append(f"metric {str(name)[:80]!r} is a {type(value).__name__}, not a number")
+            continue
+        problem = metrics_problem({name: float(value)})
+        if problem is None and len(kept) == MAX_METRICS:
+            problem = f"metric {name!r}: more than {MAX_METRICS} metrics"
+        if problem is not None:
+            dropped.append(problem)
+            continue
+        kept[name] = float(value)
+    return kept, dropped
+
+
 # ---- bounds: every field of every agent message, checked once as it leaves serde ----------
 # A field is only ever used after these pass (docs/security.md, "Bounded messages"), so no
 # later sum, counter or allocation can overflow or be steered by a value out of range.
@@ -358,7 +409,11 @@ def _check_announce(m: Announce) -> None:
     _int_in("contribution.round", m.round, 0, MAX_ROUND)
     _int_in("contribution.chunks", m.chunks, 0, MAX_CHUNKS)
     _int_in("contribution.samples", m.samples, 1, MAX_SAMPLES)
-    _finite_in("contribution.loss", m.loss, -1e30, 1e30)
+    if m.loss is not None:
+        _finite_in("contribution.loss", m.loss, -1e30, 1e30)
+    problem = metrics_problem(m.metrics)
+    if problem is not None:
+        raise ProtocolError(f"contribution.metrics is out of bounds: {problem}")
     _finite_in("contribution.train_s", m.train_s, 0.0, MAX_TRAIN_S)
     _int_in("contribution.raw_bytes", m.raw_bytes, 0, MAX_RAW_BYTES)
 
