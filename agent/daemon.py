@@ -12,7 +12,7 @@ import grpc
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.leader import Replicas
-from skyfed.agent.link import Link, LinkClosed, open_channel
+from skyfed.agent.link import Link, LinkClosed, open_channel, wait_connected
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, frame
@@ -98,6 +98,9 @@ class Agent:
         self._unverified: RoundEnd | None = None
         self.replicas = Replicas(config.coordinators)
         """The coordinator replicas' addresses: the next session dials ``current``."""
+        self.term = 0
+        """The highest leader's term seen (docs/failover.md): anything from an older term
+        is refused, so a deposed leader's round is never applied."""
 
     @property
     def connected(self) -> bool:
@@ -163,6 +166,11 @@ class Agent:
         self._unverified = None
         address = self.replicas.current
         channel = open_channel(self.config, address)
+        try:
+            wait_connected(channel)
+        except LinkClosed:
+            channel.close()
+            raise
         link = Link(
             channel,
             coordinator=address,
@@ -210,6 +218,7 @@ class Agent:
         link.send(hello)
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
         assert isinstance(welcome, Welcome)
+        self._fenced(welcome.term, "welcome")
         if welcome.frame_version != frame.VERSION:  # every payload either way would be refused
             raise LinkClosed(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -246,6 +255,7 @@ class Agent:
         datas: dict[int, bytes] = {}
         while True:
             message = self._expect(link, (Chunk, WeightsEnd), WELCOME_TIMEOUT_S)
+            self._fenced(message.term, "weights")
             if isinstance(message, WeightsEnd):
                 break
             assert isinstance(message, Chunk)
@@ -409,6 +419,7 @@ class Agent:
             raise ProtocolError("a second welcome on one session")
 
     def _aggregate_chunk(self, chunk: Chunk) -> None:
+        self._fenced(chunk.term, f"an aggregate chunk of round {chunk.round}")
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
             if self.site.applying:  # a partly applied aggregate that will never end
@@ -433,6 +444,7 @@ class Agent:
         self._agg_datas[payload.tensor] = b""  # applied: only its arrival is kept
 
     def _round_end(self, end: RoundEnd) -> None:
+        self._fenced(end.term, f"the end of round {end.round}")
         agg, datas = self._agg, self._agg_datas
         if agg is None or agg.round != end.round or agg.next_seq != end.chunks:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
@@ -499,6 +511,21 @@ class Agent:
         self.site.refused(receipt.round)  # every rank credits its shards back
 
     # ---- helpers -------------------------------------------------------------------------
+
+    def _fenced(self, term: int, what: str) -> None:
+        """Refuse ``what`` if it carries an older leader's term than one already seen: the
+        session ends (nothing of it is applied) and the agent looks for the leader."""
+        if term < self.term:
+            log.warning(
+                "[Agent.Term] refused %s of term %d: term %d leads; looking for the leader",
+                what,
+                term,
+                self.term,
+            )
+            raise LinkClosed(
+                grpc.StatusCode.ABORTED, f"a deposed leader's {what} (term {term} < {self.term})"
+            )
+        self.term = term
 
     def _assembler(self, kind: int, round: int | None) -> Assembler:
         return Assembler(

@@ -107,6 +107,30 @@ def open_channel(
     return grpc.secure_channel(target, channel_credentials(config), options=options)
 
 
+CONNECT_TIMEOUT_S = 5.0
+"""How long a dial may take to connect (TCP and TLS) before the next replica is tried: a
+partitioned coordinator black-holes it, and gRPC's own bound is 20 s (docs/failover.md)."""
+
+
+def wait_connected(channel: grpc.Channel, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Return once ``channel``'s first attempt to connect has an answer (connected, or
+    refused: the session's call then fails at once with gRPC's own reason); ``LinkClosed``
+    (UNAVAILABLE) if none comes within ``timeout_s``."""
+    settled = threading.Event()
+
+    def watch(state: grpc.ChannelConnectivity) -> None:
+        if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            settled.set()
+
+    channel.subscribe(watch, try_to_connect=True)
+    try:
+        settled.wait(timeout_s)
+    finally:
+        channel.unsubscribe(watch)
+    if not settled.is_set():
+        raise LinkClosed(grpc.StatusCode.UNAVAILABLE, f"no connection within {timeout_s:g} s")
+
+
 class Link:
     """A live session: messages go out through an outbox gRPC drains (heartbeats first), and
     come in on a queue."""

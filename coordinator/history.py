@@ -4,7 +4,8 @@ as rounds close, read by ``skyfed report`` (docs/operations.md, "Run directory")
 A ``"kind": "round"`` line holds the round's figures and, under ``links``, each agent's
 codec, RTT, jitter, loss and the bytes (wire and fp32) its link carried since the
 previous round; a
-``"kind": "eval"`` line holds a held-out evaluation, which finishes later than its round.
+``"kind": "eval"`` line holds a held-out evaluation, which finishes later than its round;
+a ``"kind": "failover"`` line, a coordinator replica taking over (docs/failover.md).
 
 A link's exchange in a round against its floor (``exchange_s``, ``floor_s``, ``ratio``,
 ``limit``; docs/striping.md) is known only once its agent timed it, which its next
@@ -77,6 +78,11 @@ class RunHistory:
                 "wall_s": wall_s,
             }
         )
+
+    def failover(self, record: dict[str, Any]) -> None:
+        """A coordinator replica took over (``Failover`` as data, with its ``wall_s``): a
+        ``"kind": "failover"`` line the report marks on its time axes."""
+        self._append({"kind": "failover", **record})
 
     def close(self) -> None:
         """Every line is flushed as written; nothing to do."""

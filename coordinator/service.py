@@ -13,6 +13,7 @@ import grpc
 
 from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.limits import StreamLimits, stripes_allowed
+from skyfed.coordinator.replicas.followers import serve_replicate
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import ReplicaSet
@@ -43,6 +44,10 @@ class Leadership(Protocol):
 
     def replica_set(self) -> ReplicaSet:
         """The replicas as this one sees them, for Status."""
+
+    @property
+    def term(self) -> int:
+        """The term this replica leads in (0 while it does not)."""
 
 
 class FederationServicer(pb_grpc.FederationServicer):
@@ -244,6 +249,12 @@ class FederationServicer(pb_grpc.FederationServicer):
             status = dataclasses.replace(status, replicas=self.leadership.replica_set())
         return serde.status_to_proto(status)
 
+    def Replicate(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        """A standby replica follows this leader (``coordinator/replicas/followers.py``)."""
+        yield from serve_replicate(
+            self.federation, self.auth, self.leadership, request_iterator, context
+        )
+
 
 def serve_federation(
     server: grpc.Server,
@@ -275,6 +286,11 @@ def serve_federation(
             servicer.Status,
             request_deserializer=None,
             response_serializer=pb.StatusReply.SerializeToString,
+        ),
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            servicer.Replicate,
+            request_deserializer=None,
+            response_serializer=serde.leader_message_bytes,
         ),
     }
     service = pb.DESCRIPTOR.services_by_name["Federation"].full_name

@@ -34,6 +34,9 @@ class RunData:
     evals: list[dict[str, Any]]
     status: dict[str, Any] | None
     links: dict[str, LinkSeries]
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    """Each coordinator replica that took over: its first round, ``wall_s``, cause and
+    duration (docs/failover.md)."""
 
     def column(self, key: str) -> list[float]:
         return [float(r.get(key, math.nan)) for r in self.rounds]
@@ -55,13 +58,17 @@ def load(run_dir: Path) -> RunData:
         )
     rounds: dict[int, dict[str, Any]] = {}
     evals: dict[int, dict[str, Any]] = {}
+    failovers: list[dict[str, Any]] = []
     for line in read(path):
+        if line.get("kind") == "failover":  # a replica took over (docs/failover.md)
+            failovers.append(line)
+            continue
         # A restarted coordinator appends: the latest line for a round wins.
         (rounds if line.get("kind") == "round" else evals)[int(line["round"])] = line
     ordered = [rounds[k] for k in sorted(rounds)]
     status_path = run_dir / STATUS_FILE
     status = json.loads(status_path.read_text()) if status_path.exists() else None
-    return RunData(ordered, [evals[k] for k in sorted(evals)], status, _links(ordered))
+    return RunData(ordered, [evals[k] for k in sorted(evals)], status, _links(ordered), failovers)
 
 
 def _links(rounds: list[dict[str, Any]]) -> dict[str, LinkSeries]:

@@ -23,7 +23,7 @@ from skyfed.coordinator.status import Status
 from skyfed.procs import Children, command
 from skyfed.proto import serde
 from tests.conftest import credentials
-from tests.failover.etcd_server import EtcdServer, Relay, free_port
+from skyfed.coordinator.replicas.testing import EtcdServer, Relay, free_port
 
 pytestmark = pytest.mark.multiprocess
 

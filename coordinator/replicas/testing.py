@@ -1,5 +1,6 @@
-"""A real etcd for tests: Debian's ``etcd-server`` on free loopback ports in a temp dir,
-and a TCP relay in front of it that a test can cut, to partition one replica from it."""
+"""A real etcd for tests and the chaos bench (``bench/failover.py``): Debian's
+``etcd-server`` on free loopback ports in a temp dir, and a TCP relay that can be cut, to
+partition one replica from etcd or from the agents, and healed."""
 
 from __future__ import annotations
 
@@ -98,8 +99,9 @@ class EtcdServer:
 
 
 class Relay:
-    """A TCP relay to ``port``: what a replica sees as its etcd. ``cut()`` drops every
-    connection and black-holes new ones (accepted, never answered), as a partition does."""
+    """A TCP relay to ``port`` (a replica's etcd, or a replica's port as agents and the
+    other replicas reach it). ``cut()`` drops every connection and black-holes new ones
+    (accepted, never answered), as a partition does; ``heal()`` relays new ones again."""
 
     def __init__(self, port: int) -> None:
         self.target = port
@@ -119,6 +121,9 @@ class Relay:
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
             self._sockets.clear()
+
+    def heal(self) -> None:
+        self._cut.clear()
 
     def close(self) -> None:
         self.cut()
