@@ -83,7 +83,7 @@ class Elector:
         address: str,
         ttl_s: int,
         on_change: Callable[[], None] | None = None,
-        eligible: Callable[[], bool] | None = None,
+        eligible: Callable[[bool], bool] | None = None,
     ) -> None:
         self.etcd = etcd
         self.replica = replica
@@ -93,9 +93,9 @@ class Elector:
         self._election = f"{prefix}/leader".encode()
         self._registry = f"{prefix}/replicas/".encode()
         self._on_change = on_change or (lambda: None)
-        self.eligible: Callable[[], bool] = eligible or (lambda: True)
-        """Whether this replica may campaign now (``serve.py``: its state holds the last
-        released round)."""
+        self.eligible: Callable[[bool], bool] = eligible or (lambda fresh: True)
+        """``eligible(fresh)``: whether this replica may campaign now (``serve.py``: its
+        state holds the last released round); ``fresh``: as etcd says at this moment."""
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._lease: int | None = None
@@ -305,7 +305,7 @@ class Elector:
             with self._cond:
                 if generation != self._generation:
                     return
-            if not self.eligible():
+            if not self.eligible(False):
                 self._closed.wait(ELIGIBLE_POLL_S)
                 continue
             try:
@@ -329,7 +329,7 @@ class Elector:
         with self._cond:
             if not self._campaigning or self._won is not None:
                 return
-        if self.eligible():
+        if self.eligible(False):
             return
         with self._cond:
             if self._campaigning and self._won is None:
@@ -345,7 +345,7 @@ class Elector:
             if current is None or current.key != won.key:
                 self._let_go("etcd names another leader than the campaign won")
                 return
-        if not self.eligible():  # it fell behind while it waited in line
+        if not self.eligible(True):  # it fell behind while it waited in line
             with self._cond:
                 if generation == self._generation:  # the lease's end takes the key back
                     self._let_go("elected while behind the last released round: steps down")

@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from skyfed.coordinator.replicas.election import Elector
@@ -29,7 +30,8 @@ from skyfed.coordinator.status import Failover
 log = logging.getLogger(__name__)
 
 CACHE_S = 0.5
-"""How long a read of ``released`` or ``failovers/`` serves (status, the eligibility poll)."""
+"""How old a read of ``released`` or ``failovers/`` may be for status and the eligibility
+poll (status never waits on etcd: a stale value is refreshed on a thread of its own)."""
 RETRY_S = 0.1
 NO_LEADER_TTLS = 2
 """With no leader for this many lease TTLs, a replica behind the last released round may
@@ -54,6 +56,7 @@ class Record:
         self._lock = threading.Lock()
         self._released: tuple[float, Released | None] = (-CACHE_S, None)
         self._failovers: tuple[float, list[Failover]] = (-CACHE_S, [])
+        self._refreshing: set[str] = set()
         self._warned_behind = False
 
     def _key(self, name: str) -> bytes:
@@ -86,13 +89,21 @@ class Record:
             return written
         return False
 
-    def released(self) -> Released | None:
-        """The last released round as etcd says (cached for ``CACHE_S``; None: none yet,
-        or etcd unreachable with nothing read before)."""
+    def released(self, fresh: bool = False) -> Released | None:
+        """The last released round (None: none yet, or etcd not read yet). ``fresh``: as
+        etcd says now (waits on etcd; the last value read if it cannot answer); else at
+        most ``CACHE_S`` old where one was read, never waiting."""
+        if fresh:
+            return self._read_released()
         with self._lock:
             at, value = self._released
-        if time.monotonic() - at < CACHE_S:
-            return value
+        if time.monotonic() - at >= CACHE_S:
+            self._refresh("released", self._read_released)
+        return value
+
+    def _read_released(self) -> Released | None:
+        with self._lock:
+            value = self._released[1]
         try:
             kv = self.etcd.get(self._key("released"))
         except (EtcdUnavailable, EtcdError):
@@ -105,11 +116,28 @@ class Record:
             self._released = (time.monotonic(), value)
         return value
 
-    def eligible(self, held: int, digest: str, elector: Elector) -> bool:
+    def _refresh(self, name: str, read: Callable[[], object]) -> None:
+        """``read()`` on a thread of its own unless one is already at it."""
+        with self._lock:
+            if name in self._refreshing:
+                return
+            self._refreshing.add(name)
+
+        def run() -> None:
+            try:
+                read()
+            finally:
+                with self._lock:
+                    self._refreshing.discard(name)
+
+        threading.Thread(target=run, name=f"record-{name}", daemon=True).start()
+
+    def eligible(self, held: int, digest: str, elector: Elector, fresh: bool = False) -> bool:
         """Whether a replica whose state holds round ``held`` (weights ``digest``) may
         campaign: it holds the last released round (or a later one it closed), or no
-        replica has led for ``NO_LEADER_TTLS`` lease TTLs (then every standby is behind)."""
-        last = self.released()
+        replica has led for ``NO_LEADER_TTLS`` lease TTLs (then every standby is behind).
+        ``fresh``: etcd read now (a replica just elected checks before it leads)."""
+        last = self.released(fresh=True) if fresh else self._recent_released()
         if last is None or held > last.round or (held, digest) == (last.round, last.digest):
             self._warned_behind = False
             return True
@@ -127,6 +155,13 @@ class Record:
             return True
         return False
 
+    def _recent_released(self) -> Released | None:
+        """``released`` at most ``CACHE_S`` old: read now if the last read is older (the
+        eligibility poll, on the election's threads)."""
+        with self._lock:
+            at, value = self._released
+        return value if time.monotonic() - at < CACHE_S else self._read_released()
+
     # ---- failovers -----------------------------------------------------------------------
 
     def took_over(self, elector: Elector, lost_at: float | None, held: int) -> Failover | None:
@@ -134,7 +169,7 @@ class Record:
         it saw the previous leader's stream end (monotonic). None: the federation's first
         leader, no failover."""
         term = elector.term or 0
-        last = self.released()
+        last = self.released(fresh=True)
         before = elector.previous
         if before is None and last is None:
             return None
@@ -167,20 +202,23 @@ class Record:
         return failover
 
     def failovers(self) -> list[Failover]:
-        """Every failover recorded, oldest first (cached for ``CACHE_S``)."""
+        """Every failover recorded, oldest first, as last read (never waits on etcd)."""
         with self._lock:
             at, value = self._failovers
-        if time.monotonic() - at < CACHE_S:
-            return value
+        if time.monotonic() - at >= CACHE_S:
+            self._refresh("failovers", self._read_failovers)
+        return value
+
+    def _read_failovers(self) -> None:
         found = []
-        with contextlib.suppress(EtcdUnavailable, EtcdError):
+        try:
             for kv in self.etcd.get_prefix(self._key("failovers/")):
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     found.append(Failover(**json.loads(kv.value)))
-            value = sorted(found, key=lambda f: f.term)
+        except (EtcdUnavailable, EtcdError):
+            return
         with self._lock:
-            self._failovers = (time.monotonic(), value)
-        return value
+            self._failovers = (time.monotonic(), sorted(found, key=lambda f: f.term))
 
     def resigning(self, term: int) -> None:
         """This leader stops cleanly: its successor's failover says so."""

@@ -63,8 +63,8 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
     try:
         while not stop.is_set():
             replay = Replay(config, model, elector)
-            elector.eligible = lambda r=replay: record.eligible(  # type: ignore[misc]
-                r.held, r.model.weights_digest, elector
+            elector.eligible = lambda fresh, r=replay: record.eligible(  # type: ignore[misc]
+                r.held, r.model.weights_digest, elector, fresh
             )
             standing.replay, standing.followers = replay, None
             with (
