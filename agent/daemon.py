@@ -238,9 +238,10 @@ class Agent:
         final = self._receive_weights(link) if welcome.weights_follow else False
         self.last_round = welcome.round - 1
         log.info(
-            "[Agent.Join] identity=%s round=%d codec=%s exchange=%s overlap=%s",
+            "[Agent.Join] identity=%s round=%d term=%d codec=%s exchange=%s overlap=%s",
             welcome.identity,
             welcome.round,
+            welcome.term,
             self.codec,
             exchange,
             self.overlap,

@@ -5,6 +5,9 @@ prove the check after it catches that (``tests/e2e/test_digest_mismatch.py``).
 ``SKYFED_FAILPOINT=<name>@<round>`` in the environment makes :func:`reached` SIGKILL the
 process the first time the point is reached in that round: a real, uncatchable kill at
 an exact phase, where a timed kill from outside could only hope to land there.
+``<name>@<round>:stop`` SIGSTOPs it there instead: a process frozen mid-phase, as a long
+pause of its VM freezes it, which wakes on SIGCONT believing nothing happened (a
+partitioned old leader, ``tests/failover/test_fencing.py``).
 ``SKYFED_FAILPOINT_FILE=<path>`` reads the same text from a file instead, re-read when
 it changes, so a running process can be armed (the chaos bench arms whichever replica
 leads, ``bench/failover.py``). Unset, a point costs two dictionary lookups.
@@ -32,6 +35,7 @@ CORRUPTIONS = ("drift",)
 """What an agent can be made to corrupt: ``drift``, its weights after a round's aggregate."""
 
 _file_cache: tuple[float, str | None] = (0.0, None)
+_fired: set[str] = set()
 
 
 def _wanted() -> str | None:
@@ -53,11 +57,19 @@ def reached(name: str, round_: int, settle_s: float = 0.0) -> None:
     """SIGKILL this process if the environment names this point and round, ``settle_s``
     after reaching it (time for what was queued to leave: a broadcast half delivered)."""
     wanted = _wanted()
-    if wanted is not None and wanted == f"{name}@{round_}":
-        log.warning("[Failpoint] %s@%d reached: killing the process", name, round_)
-        time.sleep(settle_s)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
+    if wanted is None or wanted.split(":")[0] != f"{name}@{round_}" or wanted in _fired:
+        return
+    if wanted.endswith(":stop"):
+        _fired.add(wanted)  # woken, it goes on: the point is passed
+        log.warning("[Failpoint] %s@%d reached: stopping the process", name, round_)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    log.warning("[Failpoint] %s@%d reached: killing the process", name, round_)
+    time.sleep(settle_s)
+    logging.shutdown()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def corrupts(name: str, round_: int) -> bool:

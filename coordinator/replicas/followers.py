@@ -302,6 +302,10 @@ class Followers:
                 self._cond.wait(left)
             for stream in self._expected:
                 self._judge(stream, number, digest)
+            for stream in self._streams.values():  # caught up with this very round
+                held = (stream.round, stream.acked_digest) == (number, digest)
+                if stream.state == "catching-up" and held:
+                    self._caught_up(stream)
             self.alone = not any(not s.closed for s in self._expected)
             self._expected = []
         if self.guard is not None and not self.guard(number, digest):
@@ -338,17 +342,21 @@ class Followers:
             known = self._digests.get(ack.round)
             if stream.state == "catching-up" and known is not None:
                 if known == ack.weights_digest:
-                    stream.state = "following"
-                    log.info(
-                        "[Coordinator.Replicate] replica=%s following from round %d",
-                        stream.replica,
-                        ack.round,
-                    )
+                    self._caught_up(stream)
                 else:
                     self._resnapshot.add(stream.replica)
                     why = f"its weights after round {ack.round} differ from the leader's"
                     self._detach(stream, why)
             self._cond.notify_all()
+
+    def _caught_up(self, stream: FollowerStream) -> None:
+        """``stream`` holds a released round: the next rounds' ends wait for it."""
+        stream.state = "following"
+        log.info(
+            "[Coordinator.Replicate] replica=%s following from round %d",
+            stream.replica,
+            stream.round,
+        )
 
     def detach(self, stream: FollowerStream, reason: str) -> None:
         with self._cond:

@@ -164,10 +164,14 @@ class Record:
 
     # ---- failovers -----------------------------------------------------------------------
 
-    def took_over(self, elector: Elector, lost_at: float | None, held: int) -> Failover | None:
-        """Record that this replica now leads, holding round ``held``; ``lost_at``: when
-        it saw the previous leader's stream end (monotonic). None: the federation's first
-        leader, no failover."""
+    def took_over(
+        self, elector: Elector, lost_at: float | None, last_heard: float | None, held: int
+    ) -> Failover | None:
+        """Record that this replica now leads, holding round ``held``. The failover's
+        duration counts from the first sign of the previous leader's loss this replica
+        saw (``lost_at``: its stream ended; or etcd named no leader), else from the last
+        message it heard from it (a frozen or partitioned leader goes silent). None: the
+        federation's first leader, no failover."""
         term = elector.term or 0
         last = self.released(fresh=True)
         before = elector.previous
@@ -184,12 +188,13 @@ class Record:
                 cause = "resigned"
         now = time.monotonic()
         signs = [t for t in (lost_at, elector.no_leader_since) if t is not None]
+        since = min(signs) if signs else last_heard
         failover = Failover(
             term=term,
             replica=self.replica,
             previous=before.replica if before is not None else "",
             cause=cause,
-            duration_s=now - min(signs) if signs else 0.0,
+            duration_s=now - since if since is not None else 0.0,
             round=held + 1,
             lost_rounds=max(0, last.round - held) if last is not None else 0,
             at_unix_s=time.time(),

@@ -86,6 +86,9 @@ class Replay:
         another (None since it follows one): a failover's duration counts from it."""
         self.followed = ""
         """The replica it followed last."""
+        self.last_heard: float | None = None
+        """Monotonic time of the last message from the leader it follows: a frozen or
+        partitioned leader's stream goes silent, not closed."""
         self._want_snapshot = False
         self._writer = (
             CheckpointWriter(config.checkpoint_dir) if config.checkpoint_dir is not None else None
@@ -208,6 +211,7 @@ class Replay:
         begun: dict[int, Contribution] = {}
         for message in messages:
             self._check_term(message.term)
+            self.last_heard = time.monotonic()
             if isinstance(message, Forward):
                 self._receive(round_, begun, message, messages)
             elif isinstance(message, RoundClose):

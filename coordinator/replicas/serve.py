@@ -83,7 +83,7 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
                 break
             if _finished(etcd, config):
                 return 0
-            failover = record.took_over(elector, replay.lost_at, model.round - 1)
+            failover = record.took_over(elector, replay.lost_at, replay.last_heard, model.round - 1)
             followers = Followers(
                 elector.term or 0,
                 config.replica_ack_timeout_s,

@@ -105,8 +105,9 @@ class Standing:
 
 
 class StandbyServicer:
-    """Session and Stripe end at once with the leader's address; Status answers with the
-    replicas alone (a standby holds no round)."""
+    """Session, Stripe and Replicate end at once with the leader's address; Status answers
+    with the replicas and where this standby's own state stands (the round it would open
+    next, its weights' digest), no agents."""
 
     def __init__(self, standing: Standing, auth: PeerAuthenticator) -> None:
         self.standing = standing
@@ -143,10 +144,11 @@ class StandbyServicer:
             serde.parse(pb.StatusRequest, request)
         except FederationError as exc:
             abort(context, exc)
+        replay = self.standing.replay
         status = Status(
-            round=0,
+            round=replay.held + 1 if replay is not None else 0,
             agents=[],
-            weights_digest="",
+            weights_digest=replay.model.weights_digest if replay is not None else "",
             uptime_s=time.monotonic() - self.started,
             rounds=[],
             finished=False,
