@@ -75,3 +75,46 @@ def _round_came_under(agent_log: str, round_: int) -> int:
         elif f"[Agent.Sync] weights of round {round_} loaded" in line:
             loaded = True
     return -1
+
+
+def test_an_agent_refuses_a_round_of_an_older_term_than_it_has_seen(
+    serve, pki: CertificateAuthority, monkeypatch: pytest.MonkeyPatch, caplog
+):
+    """A real agent and coordinator over mTLS: the coordinator welcomes it under term 7,
+    then closes round 0 under term 3 (a deposed leader's). The agent refuses it with one
+    line, looks for the leader, and takes the weights from term 8 instead."""
+    running = serve(min_agents=1)
+    fed = running.federation
+    fed.term = 7
+    close = Rounds.close
+
+    def under_an_older_term(self: Rounds) -> None:
+        if self.round.number == 0:
+            self.fed.term = 3
+            close(self)
+            self.fed.term = 8
+        else:
+            close(self)
+
+    monkeypatch.setattr(Rounds, "close", under_an_older_term)
+    config = AgentConfig(
+        cloud="aws",
+        coordinator=f"localhost:{running.port}",
+        certs=pki.directory,
+        rounds=1,
+        reconnect_max_s=0.5,
+    )
+    site = Site(_trainer(config), sender=config.name)
+    agent = Agent(config, site)
+    caplog.set_level(logging.INFO, logger="skyfed.agent.daemon")
+    try:
+        runner = threading.Thread(target=agent.run, daemon=True)
+        runner.start()
+        runner.join(timeout=120)
+        assert not runner.is_alive(), "the agent did not finish"
+    finally:
+        site.stop()
+    refusals = [r.getMessage() for r in caplog.records if "[Agent.Term]" in r.getMessage()]
+    assert refusals and all("of term 3: term 7 leads" in line for line in refusals), refusals
+    assert "round 0" in refusals[0]
+    assert (agent.term, agent.last_round, agent.applied) == (8, 1, 1)  # round 0 never applied
