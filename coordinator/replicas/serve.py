@@ -190,19 +190,24 @@ def _mark_finished(etcd: Etcd, config: CoordinatorConfig, running: Running) -> N
 
 @contextlib.contextmanager
 def _standby_probes(config: CoordinatorConfig, standing: Standing):  # noqa: ANN202
-    """``/healthz`` alive, ``/readyz`` 503 on a standby's metrics port: a Kubernetes
-    Service sends agents to the ready replica, the leader."""
+    """``/healthz`` alive, ``/readyz`` 503 on a standby's metrics port (a Kubernetes
+    Service sends agents to the ready replica, the leader), and ``/metrics`` with the
+    replicas' families."""
     if not config.metrics_listen:
         yield
         return
     from prometheus_client.registry import CollectorRegistry
 
+    from skyfed.metrics.coordinator import ReplicaCollector
+
     def ready() -> tuple[bool, str]:
         return False, f"replica {config.replica} is a standby"
 
-    server = MetricsServer(
-        config.metrics_listen, CollectorRegistry(), ready, public=config.metrics_public
+    registry = CollectorRegistry()
+    registry.register(
+        ReplicaCollector(lambda: {"replicas": dataclasses.asdict(standing.replica_set())})
     )
+    server = MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
     try:
         yield
     finally:
