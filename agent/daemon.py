@@ -489,7 +489,7 @@ class Agent:
         self._unverified = None
         started = time.monotonic()
         digest = self.site.digest()
-        phase(end.round, "digested", wait_s=time.monotonic() - started)
+        phase(end.round, "digested", wait_s=time.monotonic() - started, digest=digest[:16])
         _check_digest_kind(end.weights_digest)
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")

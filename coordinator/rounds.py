@@ -320,12 +320,14 @@ class Rounds:
         self._losses, self._train_s = [], []
         self._first_commit_at = None
         log.info(
-            "[Coordinator.Round] round=%d closed agents=%d loss=%.4f duration_s=%.3f down=%s",
+            "[Coordinator.Round] round=%d closed agents=%d loss=%.4f duration_s=%.3f down=%s "
+            "digest=%s",
             st.round,
             contributors,
             st.mean_loss,
             st.duration_s,
             codec,
+            fed.model.weights_digest[:16],
         )
 
     # ---- checkpoints ---------------------------------------------------------------------
