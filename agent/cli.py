@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -92,14 +91,14 @@ def start(
     if log_format:
         os.environ["SKYFED_LOG_FORMAT"] = log_format  # the rank processes log alike
     setup_logging(log_level, who=config.name, fmt=log_format)
-    from skyfed.agent.launch import PROGRESS_ENV, run
+    from skyfed.agent.launch import PROGRESS_ENV, exit_on_sigterm, run
     from skyfed.netinfo import log_congestion_control, target_host
 
     log_congestion_control(target_host(config.coordinators[0]), "agent")
 
     progress = not no_progress and log_format != "json"
     os.environ[PROGRESS_ENV] = "1" if progress else "0"
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: streams close, ranks reaped
+    exit_on_sigterm()  # non-zero unless the federation finished
     sys.exit(run(config, log_level, progress))
 
 

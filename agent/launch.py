@@ -43,6 +43,16 @@ log = logging.getLogger(__name__)
 
 EXIT_REFUSED = 3
 EXIT_NO_SESSION = 4
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""SIGTERM before the federation finished (a node drain, a spot loss): a failure to the
+supervisor, never a success that completes a Kubernetes Job (docs/operations.md)."""
+
+
+def exit_on_sigterm(code: int = EXIT_TERMINATED) -> None:
+    """On SIGTERM, exit with ``code``; the exit unwinds, so streams close and ranks are reaped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(code))
+
+
 # Set by ``agent start`` so rank 0 of a tp > 1 site prints its rounds too.
 PROGRESS_ENV = "SKYFED_AGENT_PROGRESS"
 
@@ -100,6 +110,7 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
         lines.start()
     try:
         agent.run()
+        exit_on_sigterm(0)  # finished: a SIGTERM from here on ends a finished site
     except LinkClosed as exc:
         click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
         return EXIT_REFUSED
@@ -188,7 +199,7 @@ def serve_rank(
     )
     site = Site(_trainer(config, mesh=mesh, device=device), group, sender=config.name)
     if rank == 0:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the stream closes
+        exit_on_sigterm()
         code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
     else:
         site.follow()

@@ -22,6 +22,7 @@ from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
+from skyfed.validate import printable
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -45,9 +46,11 @@ DEFAULT_MAX_HELD_BYTES = 256 << 20
 
 class LinkClosed(Exception):
     """The stream ended; ``code`` is the gRPC status (OK when the coordinator ended it).
+    ``details`` come from the other end: escaped, as every line that shows them.
     ``leader``: the HOST:PORT a standby coordinator replica named as the leader's."""
 
     def __init__(self, code: grpc.StatusCode, details: str, leader: str = "") -> None:
+        details = printable(details)
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details

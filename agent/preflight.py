@@ -11,9 +11,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from skyfed.agent.config import AgentConfig
-from skyfed.agent.parallelize import check_plan
 from skyfed.tasks import load_task
 from skyfed.tasks.base import tp_plan_of
+from skyfed.tasks.plans import check as check_plan
 
 
 def check(config: AgentConfig) -> None:
@@ -30,7 +30,7 @@ def check(config: AgentConfig) -> None:
         )
     task = load_task(config.task)  # TaskLoadError (a ValueError) says what is missing
     if config.tp > 1:
-        check_plan(task.build_model(config.seed), tp_plan_of(task))
+        check_plan(task.build_model(config.seed), tp_plan_of(task), config.tp)
 
 
 def check_key_pair(config: AgentConfig) -> None:

@@ -15,6 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from skyfed.files import PUBLIC_MODE
+
 from . import templates
 from .files import DIRECTORY_MODE, directory_lock, write_atomic, write_private
 from .identity import (
@@ -120,7 +122,7 @@ class CertificateAuthority:
         cert = templates.ca_certificate(key, trust_domain, _now(), days)
         with directory_lock(directory):
             write_private(directory / CA_KEY, templates.pem_private_key(key))
-            write_atomic(directory / CA_CERT, templates.pem_certificate(cert))
+            write_atomic(directory / CA_CERT, templates.pem_certificate(cert), mode=PUBLIC_MODE)
             ca = cls(directory, cert, key)
             ca._write_crl([], number=1)
         logger.info("[Certs.Init] dir=%s trust_domain=%s", directory, trust_domain)
@@ -247,7 +249,7 @@ class CertificateAuthority:
         with directory_lock(self._directory):
             self._check_name_free(identity.name, replace)
             write_private(key_path, templates.pem_private_key(key))
-            write_atomic(cert_path, templates.pem_certificate(cert))
+            write_atomic(cert_path, templates.pem_certificate(cert), mode=PUBLIC_MODE)
         logger.info(
             "[Certs.Issue] identity=%s serial=0x%x not_after=%s",
             identity.uri,
@@ -397,7 +399,7 @@ class CertificateAuthority:
 
     def _write_crl(self, revoked: list[x509.RevokedCertificate], number: int) -> None:
         crl = templates.signed_crl(self._cert, self._key, revoked, number, _now())
-        write_atomic(self.crl_path, crl.public_bytes(serialization.Encoding.PEM))
+        write_atomic(self.crl_path, crl.public_bytes(serialization.Encoding.PEM), mode=PUBLIC_MODE)
 
 
 def _check_serial(serial: int) -> int:

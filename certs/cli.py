@@ -262,6 +262,26 @@ def k8s_secret(
     click.echo(json.dumps(manifest, indent=2))
 
 
+@cli.command()
+@_dir_option
+@click.argument("name")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory to write NAME's --certs files into.",
+)
+def bundle(directory: Path, name: str, out: Path) -> None:
+    """Copy what NAME mounts as its --certs directory into OUT.
+
+    ca.crt, NAME.crt and NAME.key (and crl.pem for the coordinator); never ca.key.
+    """
+    from .bundle import write_bundle
+
+    for path in write_bundle(CertificateAuthority.open(directory), name, out):
+        click.echo(f"  {path}")
+
+
 def main() -> None:
     """Console entry point `certs`."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

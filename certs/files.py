@@ -8,9 +8,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from skyfed.files import write_atomic
+from skyfed.files import PRIVATE_MODE, write_atomic
 
-PRIVATE_MODE = 0o600
 DIRECTORY_MODE = 0o700
 LOCK_FILE = ".lock"
 

@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from skyfed.coordinator.snapshot import to_data
+from skyfed.coordinator.snapshot import run_wall_s, to_data
 from skyfed.coordinator.status import ReplicaSet, Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
@@ -179,9 +179,11 @@ def efficiency_table(reply: Status) -> Table | None:
     return table
 
 
-def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summary") -> Table:
-    """The end-of-run figures: time split, bytes saved, training and held-out loss."""
+def summary_table(snap: Snapshot, title: str = "skyfed run summary") -> Table:
+    """The end-of-run figures: time split, bytes saved, training and held-out loss; its
+    wall time is the run report's (:func:`~skyfed.coordinator.snapshot.run_wall_s`)."""
     rounds = list(snap["rounds"])
+    wall_s = run_wall_s(rounds)
     n = max(1, len(rounds))
     round_s = sum(r["duration_s"] for r in rounds) / n
     train_s = sum(r["train_s"] for r in rounds) / n
@@ -218,11 +220,18 @@ def summary_table(snap: Snapshot, wall_s: float, title: str = "skyfed run summar
     return table
 
 
+PIPED_WIDTH = 1000
+"""Columns of ``coordinator status`` into a pipe or a file: every row whole (a table is
+as wide as its cells, not this), where a terminal's width would cut them."""
+
+
 def render_status(reply: Status) -> None:
     from skyfed.coordinator.progress import headline  # the live view's first line
 
     snap = to_data(reply)
     console = Console()
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
     if reply.replicas is not None:
         console.print(replicas_table(reply.replicas))
         failovers = failovers_table(reply.replicas)

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from skyfed import failpoints
+from skyfed.files import PRIVATE_MODE, private_opener
 from skyfed.fingerprint import integrity_digest, sha256_weights_digest, weights_digest
 
 log = logging.getLogger(__name__)
@@ -333,9 +334,10 @@ class CheckpointWriter:
         else a new file."""
         try:
             os.replace(self.directory / SPARE, tmp)
+            os.chmod(tmp, PRIVATE_MODE)  # a spare from before checkpoints were private
             return open(tmp, "r+b", buffering=0), True  # noqa: SIM115 - closed at finish
-        except FileNotFoundError:
-            return open(tmp, "wb", buffering=0), False  # noqa: SIM115 - closed at finish
+        except FileNotFoundError:  # 0600: the weights are the operator's (docs/security.md)
+            return open(tmp, "wb", buffering=0, opener=private_opener), False  # noqa: SIM115
 
     def _offset(self, r: _Round, section: str, index: int) -> int:
         """Weights first, each tensor aligned, then each further section in the same layout."""

@@ -6,11 +6,11 @@ import contextlib
 import logging
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import grpc
 import torch
 from rich.console import Console
 
@@ -112,7 +112,7 @@ def main() -> None:
         "max_samples": (int, "Most weight (samples) one contribution counts with."),
         "clip_norm_ratio": (float, "Clip update norms to this x the recent median (0: off)."),
         "max_streams_per_identity": (int, "Open streams one certificate identity may hold."),
-        "hello_timeout_s": (float, "End a stream that sends no hello this long."),
+        "hello_timeout_s": (float, "End a call whose first message (a hello) is this late."),
         "replica": (str, "This replica's name; with --etcd, elect one leader (failover.md)."),
         "etcd": (str, "etcd endpoints the replicas elect through: http(s)://HOST:PORT,..."),
         "etcd_ca": (click.Path(path_type=Path), "CA of etcd's server certificate (https)."),
@@ -165,7 +165,6 @@ def serve(
     if config.replica:
         raise SystemExit(_serve_replica(config, stop))
     console = Console(stderr=True)
-    started = time.monotonic()
     stack = contextlib.ExitStack()
     running = start(stack, config)
     with stack:
@@ -179,7 +178,14 @@ def serve(
     if failure is not None:  # a supervisor restarts it from the last checkpoint
         click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
         raise SystemExit(1)
-    _goodbye(config, running.observer.snapshot(), time.monotonic() - started, console)
+    if config.export is not None and running.federation.model.round == 0:
+        click.echo(
+            f"coordinator: stopped before any round was applied: no trained model, "
+            f"nothing written to {config.export}",
+            err=True,
+        )
+        raise SystemExit(1)
+    _goodbye(config, running.observer.snapshot(), console)
 
 
 def _serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
@@ -212,8 +218,8 @@ def _until_done(running: Running, stop: threading.Event, console: Console | None
             view.close()
 
 
-def _goodbye(config: CoordinatorConfig, snap: dict, wall_s: float, console: Console) -> None:
-    console.print(summary_table(snap, wall_s, title="skyfed run summary"))
+def _goodbye(config: CoordinatorConfig, snap: dict, console: Console) -> None:
+    console.print(summary_table(snap, title="skyfed run summary"))
     if config.run_dir is not None:
         click.echo(f"run directory: {config.run_dir} (skyfed report {config.run_dir})", err=True)
     if config.export is not None:
@@ -316,10 +322,29 @@ def status(
         loop = WatchLoop(lambda: fetch_snapshot(address, certs, name), interval_s)
         loop.run(Console(), stop)
         return
-    reply = fetch_leader_status(address.split(","), certs, name, windows=windows)
+    try:
+        reply = fetch_leader_status(address.split(","), certs, name, windows=windows)
+    except OSError as exc:  # a key pair that is not there: the flags are wrong
+        raise click.UsageError(
+            f"--certs {certs} --as {name}: {exc.strerror}: {exc.filename}"
+        ) from None
+    except grpc.RpcError as exc:
+        raise click.ClickException(status_failure(address, name, exc)) from None
     if as_json:
         from skyfed.proto.serde import status_to_json
 
         click.echo(status_to_json(reply))
     else:
         render_status(reply)
+
+
+def status_failure(address: str, name: str, exc: grpc.RpcError) -> str:
+    """One line for a failed ``Status`` call, saying what to check."""
+    code, details = exc.code(), (exc.details() or "").splitlines()
+    hint = {
+        grpc.StatusCode.UNAVAILABLE: "is the coordinator running there, and is it its address?",
+        grpc.StatusCode.DEADLINE_EXCEEDED: "is the coordinator running there?",
+        grpc.StatusCode.UNAUTHENTICATED: f"is --as {name} a certificate of this federation?",
+    }.get(code, "")
+    said = details[0] if details else ""
+    return f"status from {address}: {code.name}: {said}" + (f" ({hint})" if hint else "")

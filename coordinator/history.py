@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from skyfed.coordinator.evaluate import EvalResult
+from skyfed.files import private_opener
 
 ROUNDS_FILE = "rounds.jsonl"
 LINK_FIELDS = ("codec", "state", "rtt_ms", "jitter_ms", "loss_pct", "goodput_mbit", "streams")
@@ -99,7 +100,7 @@ class RunHistory:
 
     def _append(self, line: dict[str, Any]) -> None:
         text = json.dumps(line, default=str) + "\n"
-        with self._lock, open(self.path, "a") as f:
+        with self._lock, open(self.path, "a", opener=private_opener) as f:
             f.write(text)
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from skyfed.coordinator import runinfo
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.evaluate import EvalResult, Evaluator
 from skyfed.coordinator.federation import Federation
@@ -50,6 +51,7 @@ class Observer:
         self.config = config
         self.sinks: list[Sink] = []
         if config.run_dir is not None:
+            runinfo.write(config.run_dir, config)
             self.sinks.append(RunHistory(config.run_dir / ROUNDS_FILE))
         if config.tensorboard is not None:
             from skyfed.coordinator.tensorboard import TensorBoardSink

@@ -1,9 +1,11 @@
-"""Ending a revoked identity's open streams within seconds of the CRL changing.
+"""Ending a revoked identity's open calls within seconds of the CRL changing.
 
-gRPC checks certificates at the handshake only, so a stream opened before ``certs
-revoke`` would go on contributing. A watch thread re-reads the CRL every ``check_s``
-seconds; each stream whose certificate serial is now listed has its contribution in
-flight withdrawn and ends with UNAUTHENTICATED (docs/security.md, "Revocation").
+gRPC checks certificates at the handshake only, so a call opened before ``certs revoke``
+would go on. A watch thread re-reads the CRL every ``check_s`` seconds; each open call
+whose certificate serial is now listed ends: a session has its contribution in flight
+withdrawn and ends with UNAUTHENTICATED, and so does a call still owing its first message
+(an unjoined ``Stripe``); any other is ended by its servicer or cancelled
+(docs/security.md, "Revocation").
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import logging
 import threading
 
 from skyfed.certs.revocation import RevocationList
-from skyfed.coordinator.federation import Federation
-from skyfed.coordinator.limits import StreamLimits
+from skyfed.coordinator.calls import CallGuard
 
 log = logging.getLogger(__name__)
 
@@ -22,18 +23,13 @@ CHECK_S = 1.0
 
 
 class RevocationWatch:
-    """A daemon thread ending the streams of revoked certificates."""
+    """A daemon thread ending the calls of revoked certificates."""
 
     def __init__(
-        self,
-        revocations: RevocationList,
-        limits: StreamLimits,
-        federation: Federation,
-        check_s: float = CHECK_S,
+        self, revocations: RevocationList, calls: CallGuard, check_s: float = CHECK_S
     ) -> None:
         self.revocations = revocations
-        self.limits = limits
-        self.federation = federation
+        self.calls = calls
         self.check_s = check_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="revocation", daemon=True)
@@ -47,14 +43,19 @@ class RevocationWatch:
         self._thread.join(timeout=5)
 
     def sweep(self) -> int:
-        """End every open stream whose certificate is revoked; how many it ended."""
+        """End every open call whose certificate is revoked; how many it ended."""
         revoked = self.revocations.revoked_serials()
         ended = 0
-        for stream in self.limits.streams():
-            if stream.serial in revoked and not stream.session.closed:
-                reason = f"certificate serial {stream.serial:x} was revoked"
-                log.warning("[Coordinator.Revoke] agent=%s %s", stream.session.key, reason)
-                self.federation.admission.revoke(stream.session, reason)
+        for call in self.calls.calls():
+            if call.serial in revoked and not call.revoked:
+                reason = f"certificate serial {call.serial:x} was revoked"
+                log.warning(
+                    "[Coordinator.Revoke] agent=%s method=%s %s",
+                    call.identity.uri,
+                    call.short_method,
+                    reason,
+                )
+                call.revoke(reason)
                 ended += 1
         return ended
 

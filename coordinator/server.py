@@ -14,10 +14,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.registry import CollectorRegistry
 
+from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.export import export_weights
 from skyfed.coordinator.federation import Federation, resume, round_rules
-from skyfed.coordinator.limits import StreamLimits
+from skyfed.coordinator.limits import CallLimits, calls_allowed
 from skyfed.coordinator.model import Model
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
@@ -96,6 +97,12 @@ def run_server(
     assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
     creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
     limit = config.max_chunk_bytes + ENVELOPE_BYTES
+    auth = PeerAuthenticator(config.crl, config.ca)
+    per_identity = calls_allowed(
+        config.max_streams_per_identity, config.streams.max_streams, MAX_SESSIONS
+    )
+    limits = CallLimits(per_identity, sessions=config.max_streams_per_identity)
+    calls = CallGuard(auth, limits, config.hello_timeout_s, federation.refused)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_SESSIONS + 8, thread_name_prefix="rpc"),
         options=[
@@ -111,10 +118,9 @@ def run_server(
             ("grpc.so_reuseport", 0),
         ],
         maximum_concurrent_rpcs=MAX_SESSIONS,
+        interceptors=[calls],  # every call, the health service's too
     )
-    auth = PeerAuthenticator(config.crl, config.ca)
-    limits = StreamLimits(config.max_streams_per_identity, config.hello_timeout_s)
-    serve_federation(server, federation, auth, limits, leadership)
+    serve_federation(server, federation, auth, calls, leadership)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_secure_port(config.listen, creds)
@@ -128,7 +134,7 @@ def run_server(
     gc.freeze()
     watch = None
     if auth.revocations is not None:
-        watch = RevocationWatch(auth.revocations, limits, federation).start()
+        watch = RevocationWatch(auth.revocations, calls).start()
     _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     driver.start()
     observer.start()
@@ -203,6 +209,9 @@ def _export(config: CoordinatorConfig, federation: Federation) -> None:
     with federation.cond:
         model = federation.model
         round_, weights = model.round - 1, [w.clone() for w in model.weights]
+    if round_ < 0:  # the initial weights are no trained model (coordinator/cli.py says so)
+        log.warning("[Coordinator.Export] out=%s skipped: no round was applied", config.export)
+        return
     meta = export_weights(weights, config.export, task=config.task, round_=round_, seed=config.seed)
     log.info(
         "[Coordinator.Export] out=%s round=%d digest=%s",

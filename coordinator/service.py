@@ -11,14 +11,15 @@ from typing import Protocol
 
 import grpc
 
+from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.federation import Federation
-from skyfed.coordinator.limits import StreamLimits, stripes_allowed
+from skyfed.coordinator.limits import hello_due, stripes_allowed
 from skyfed.coordinator.replicas.followers import serve_replicate
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session
 from skyfed.coordinator.status import ReplicaSet
 from skyfed.coordinator.status_codes import abort, status_code
-from skyfed.errors import FederationError, ProtocolError, RevokedError, TooManyStreamsError
+from skyfed.errors import FederationError, ProtocolError, TooManyStreamsError
 from skyfed.logs import Throttle
 from skyfed.netinfo import log_congestion_control, peer_host
 from skyfed.proto import federation_pb2 as pb
@@ -55,51 +56,41 @@ class FederationServicer(pb_grpc.FederationServicer):
         self,
         federation: Federation,
         authenticator: PeerAuthenticator,
-        limits: StreamLimits,
+        calls: CallGuard,
         leadership: Leadership | None = None,
     ) -> None:
         self.federation = federation
         self.auth = authenticator
-        self.limits = limits
+        self.calls = calls
         self.leadership = leadership
         """None: a single coordinator, which always leads."""
         self._refusals = Throttle(REFUSAL_LOG_INTERVAL_S)
 
     def Session(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
-        try:
-            identity, serial = self.auth.identify_with_serial(context)
-        except RevokedError as exc:
-            log.warning("[Federation.Session] refused peer=%s: %s", context.peer(), exc)
-            self.federation.refused(status_code(exc).name)
-            context.abort(status_code(exc), str(exc))
+        call = self.calls.of(context)  # identified and counted since it opened
         if self.leadership is not None:
             try:
                 self.leadership.check()
             except FederationError as exc:
                 abort(context, exc)
-        session = Session(identity, context.peer())
-        try:
-            stream = self.limits.open(session, serial)
-        except FederationError as exc:
-            context.abort(status_code(exc), str(exc))
+        session = Session(call.identity, context.peer())
+        hello_due(session, self.calls.first_message_s)
+        call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
         session.merge = Merge(
             lambda m: self._handle(session, _ours(m)),
             max_held_bytes=self._max_held_bytes(),
         )
-        log.info("[Federation.Session] agent=%s peer=%s", identity.uri, context.peer())
+        log.info("[Federation.Session] agent=%s peer=%s", session.key, context.peer())
         session.cc = log_congestion_control(peer_host(context.peer()), "coordinator")
         context.add_callback(lambda: session.close(grpc.StatusCode.CANCELLED, "call ended"))
         reader = threading.Thread(
             target=self._read,
             args=(request_iterator, session),
-            name=f"read-{identity.name}",
+            name=f"read-{session.identity.name}",
             daemon=True,
         )
         reader.start()
-        try:
-            yield from session.outbox  # heartbeats first, until the session is closed
-        finally:
-            self.limits.close(stream)
+        yield from session.outbox  # heartbeats first, until the session is closed
         self.federation.admission.leave(session)
         if session.abort_code not in (None, grpc.StatusCode.CANCELLED):
             context.abort(session.abort_code, session.abort_message)
@@ -108,9 +99,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         """A further connection of a striped session: it joins with the welcome's token
         under the session's own identity, then carries chunks both ways. It counts as
         the session's, not as a stream of its own, against ``max_streams_per_identity``;
-        a session holds at most :func:`stripes_allowed` of them."""
+        a session holds at most :func:`stripes_allowed` of them. Until it joins it counts
+        as a call of its identity (``coordinator/calls.py``)."""
+        call = self.calls.of(context)
+        identity = call.identity
         try:
-            identity = self.auth.identify(context)
             if self.leadership is not None:
                 self.leadership.check()
             data = next(request_iterator, None)
@@ -134,6 +127,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             "[Federation.Stripe] agent=%s peer=%s lane=%d", identity.uri, context.peer(), lane.index
         )
         context.add_callback(lane.end)
+        call.ended_by(lambda reason: lane.end())  # the guard ends it UNAUTHENTICATED
         reader = threading.Thread(
             target=self._read_stripe,
             args=(request_iterator, session, lane),
@@ -251,8 +245,9 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     def Replicate(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
         """A standby replica follows this leader (``coordinator/replicas/followers.py``)."""
+        call = self.calls.of(context)
         yield from serve_replicate(
-            self.federation, self.auth, self.leadership, request_iterator, context
+            self.federation, call, self.leadership, request_iterator, context
         )
 
 
@@ -260,17 +255,18 @@ def serve_federation(
     server: grpc.Server,
     federation: Federation,
     authenticator: PeerAuthenticator,
-    limits: StreamLimits,
+    calls: CallGuard,
     leadership: Leadership | None = None,
 ) -> None:
-    """Add the ``Federation`` service for ``federation`` to ``server`` (a replica's
+    """Add the ``Federation`` service for ``federation`` to ``server``, whose interceptor
+    ``calls`` identifies and counts every call before a servicer sees it (a replica's
     ``leadership`` admits sessions only while it leads).
 
     Requests reach the servicer as raw bytes (no deserializer): ``proto/serde.py`` parses
     them, so an unparseable message is INVALID_ARGUMENT with one log line, not gRPC's
     INTERNAL with a traceback per message.
     """
-    servicer = FederationServicer(federation, authenticator, limits, leadership)
+    servicer = FederationServicer(federation, authenticator, calls, leadership)
     handlers = {
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session,

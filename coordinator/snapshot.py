@@ -4,6 +4,7 @@ what they read is JSON-shaped, so a new status field reaches them without an edi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyfed.coordinator.status import Status
@@ -12,6 +13,13 @@ from skyfed.coordinator.status import Status
 def to_data(status: Status) -> dict[str, Any]:
     """Every field of ``status`` by name; nested dataclasses become dicts."""
     return dataclasses.asdict(status)
+
+
+def run_wall_s(rounds: Sequence[Mapping[str, Any]]) -> float:
+    """A run's wall time: seconds from the coordinator's start to the close of its last
+    round (each round's ``wall_s``). The run summary and the run report both say this;
+    the start-up before the rounds and the wait for the agents after them are not in it."""
+    return float(rounds[-1]["wall_s"]) if rounds else 0.0
 
 
 def waiting_for(snap: dict[str, Any]) -> str:

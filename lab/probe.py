@@ -1,8 +1,9 @@
 """Measurement tools run inside lab namespaces: UDP echo and ping, UDP blast and sink, TCP bulk,
 TLS request-response rounds over one warm connection.
 
-Run as ``python -m skyfed.lab.probe TOOL ...``; servers print ``ready`` once bound, and
-every tool that measures prints one JSON line of results. The tools run at real-time
+Run as ``python -m skyfed.lab.probe TOOL ...``; servers print ``ready`` once bound
+(``tls-respond``: ``ready PORT``, so that ``--port 0`` takes a free one), and every tool
+that measures prints one JSON line of results. The tools run at real-time
 priority, like the lab's forwarder: a self-check measures the link, and on a host busy
 with training a starved blaster would offer less than the link carries (docs/lab.md).
 """
@@ -35,8 +36,8 @@ SO_RCVBUFFORCE = 33
 """Linux: set the receive buffer past net.core.rmem_max (root); Python has no name for it."""
 
 
-def _ready() -> None:
-    sys.stdout.write("ready\n")
+def _ready(port: int | None = None) -> None:
+    sys.stdout.write("ready\n" if port is None else f"ready {port}\n")
     sys.stdout.flush()
 
 
@@ -184,7 +185,7 @@ def tls_respond(args: argparse.Namespace) -> None:
     a federation's broadcast waits for every upload; until the peers close."""
     ctx = _tls_context(args.certs, args.name, server=True)
     server = socket.create_server((args.bind, args.port), backlog=args.peers)
-    _ready()
+    _ready(server.getsockname()[1])
     server.settimeout(args.duration_s)
     conns = []
     for _ in range(args.peers):

@@ -8,12 +8,14 @@ at the stream. Our field names are the messages' own, so most conversions copy b
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from skyfed.compression.monitor import Window
@@ -53,6 +55,7 @@ from skyfed.wire import (
     WeightsEnd,
     Welcome,
     check_agent_message,
+    check_coordinator_message,
     check_replica_message,
 )
 
@@ -195,7 +198,13 @@ def coordinator_message_to_proto(m: CoordinatorMessage) -> pb.CoordinatorMessage
 
 
 def coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessage | None:
-    """Our message, or None for an empty or unknown body (a newer coordinator's)."""
+    """Our message, its strings checked (``skyfed.wire.check_coordinator_message``), or
+    None for an empty or unknown body (a newer coordinator's)."""
+    message = _coordinator_message_from_proto(m)
+    return None if message is None else check_coordinator_message(message)
+
+
+def _coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMessage | None:
     kind = m.WhichOneof("body")
     if kind == "chunk":
         return chunk_from_proto(m.chunk)
@@ -615,8 +624,46 @@ def status_from_proto(s: pb.StatusReply) -> Status:
 
 
 def status_to_json(s: Status) -> str:
-    """The status file's text: the reply's JSON form, every field present."""
-    return json_format.MessageToJson(status_to_proto(s), always_print_fields_with_no_presence=True)
+    """The status file's text (and ``coordinator status --json``): the reply's JSON form,
+    every field present, its 64-bit integers as numbers."""
+    message = status_to_proto(s)
+    data = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+    return json.dumps(_int64_as_numbers(message.DESCRIPTOR, data), indent=2)
+
+
+_INT64 = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _int64_as_numbers(descriptor: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a message as ``MessageToDict`` gives it) with its 64-bit integers as
+    numbers: proto3's JSON writes them as strings (for JavaScript's doubles), which every
+    reader of a round or a byte count would have to convert; ``json_format.Parse`` takes
+    either."""
+    for field in descriptor.fields:
+        if field.json_name not in data:
+            continue
+        value = data[field.json_name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            inner = field.message_type.fields_by_name["value"]
+            if inner.type in _INT64:
+                data[field.json_name] = {k: int(v) for k, v in value.items()}
+        elif field.message_type is not None:
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                _int64_as_numbers(field.message_type, item)
+        elif field.type in _INT64:
+            data[field.json_name] = (
+                [int(v) for v in value] if isinstance(value, list) else int(value)
+            )
+    return data
 
 
 def status_from_json(text: str) -> Status:

@@ -58,7 +58,6 @@ class DemoConfig:
 class DemoResult:
     status: Status
     reports: dict[str, dict] = field(default_factory=dict)
-    wall_s: float = 0.0
     report: Path | None = None
     """The run report's page (``skyfed report``)."""
 
@@ -107,7 +106,7 @@ def _run(config: DemoConfig, work: Path, console: Console, run_dir: Path) -> Dem
         for c in CLOUDS
         if (work / f"{c}.json").exists()
     }
-    result = DemoResult(status, reports, time.monotonic() - started)
+    result = DemoResult(status, reports)
     result.report = make_report(run_dir)
     return result
 
@@ -174,7 +173,7 @@ def _watch(
 
 
 def summary_table(result: DemoResult) -> Table:
-    table = run_summary(to_data(result.status), result.wall_s, title="skyfed demo summary")
+    table = run_summary(to_data(result.status), title="skyfed demo summary")
     for name, rep in sorted(result.reports.items()):
         table.add_row(
             f"agent {name}", f"weights {rep['weights_digest'][:16]} after round {rep['round']}"

@@ -8,11 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+PRIVATE_MODE = 0o600
+"""What skyfed writes unless a caller says otherwise: checkpoints, the exported model,
+``status.json``, keys. A run's weights and state are its operator's, not every local user's."""
 PUBLIC_MODE = 0o644
+"""Certificates and the CRL: public by nature."""
 
 
 def write_atomic(
-    path: Path, data: bytes | Callable[[BinaryIO], None], *, mode: int = PUBLIC_MODE
+    path: Path, data: bytes | Callable[[BinaryIO], None], *, mode: int = PRIVATE_MODE
 ) -> Path:
     """Write ``data`` (bytes, or a function writing to the file) to a temporary file beside
     ``path``, fsync it, rename it over ``path`` and fsync the directory: readers see the old
@@ -39,9 +43,14 @@ def write_atomic(
     return path
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
+def write_text_atomic(path: Path, text: str, *, mode: int = PRIVATE_MODE) -> Path:
     """:func:`write_atomic` for text (UTF-8)."""
-    return write_atomic(path, text.encode())
+    return write_atomic(path, text.encode(), mode=mode)
+
+
+def private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=private_opener)``: a file made new is 0600 from its first byte."""
+    return os.open(path, flags, PRIVATE_MODE)
 
 
 def _fsync_directory(directory: Path) -> None:

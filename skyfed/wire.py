@@ -16,6 +16,7 @@ from typing import Any
 from skyfed.compression.frame import VERSION as FRAME_VERSION
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
+from skyfed.validate import is_text, is_token
 
 EXCHANGES = ("delta", "gradient")
 """What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
@@ -373,7 +374,15 @@ def _finite_in(field: str, value: float, lo: float, hi: float) -> None:
 
 
 def _text(field: str, value: str, limit: int = MAX_TEXT) -> None:
+    """A token: a name, codec, digest (printable, no space; docs/security.md)."""
     _bound(len(value) <= limit, field, value, f"at most {limit} characters")
+    _bound(is_token(value), field, value, "printable characters with no space")
+
+
+def _free_text(field: str, value: str, limit: int = MAX_TEXT) -> None:
+    """Free text: printable, spaces allowed, no control character."""
+    _bound(len(value) <= limit, field, value, f"at most {limit} characters")
+    _bound(is_text(value), field, value, "printable characters (no control character)")
 
 
 def _texts(field: str, values: Sequence[str]) -> None:
@@ -385,7 +394,7 @@ def _texts(field: str, values: Sequence[str]) -> None:
 def _check_hello(m: Hello) -> None:
     _text("hello.cloud", m.cloud, 63)
     _text("hello.name", m.name, 63)
-    _text("hello.task", m.task)
+    _free_text("hello.task", m.task)
     _text("hello.weights_digest", m.weights_digest, 128)
     _int_in("hello.tp", m.tp, 0, MAX_TP)
     _int_in("hello.last_round", m.last_round, -1, MAX_ROUND)
@@ -531,4 +540,38 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
 def check_agent_message(m: AgentMessage) -> AgentMessage:
     """``m`` if every field is within its bound; else ProtocolError naming the field."""
     _CHECKS[type(m)](m)
+    return m
+
+
+# ---- what an agent accepts: the strings of a coordinator's message ------------------------
+# Its numbers are checked where they are used; its strings are logged and shown, so they
+# are held to the same characters as an agent's.
+
+MAX_URI = 2048
+"""A SPIFFE ID's most characters."""
+MAX_MESSAGE = 4096
+"""A refusal's reason, or a codec's parameters as JSON."""
+
+
+def _check_coordinator_strings(m: CoordinatorMessage) -> None:
+    if isinstance(m, Welcome):
+        _text("welcome.codec", m.codec, 32)
+        _free_text("welcome.codec_params", m.codec_params, MAX_MESSAGE)
+        _text("welcome.identity", m.identity, MAX_URI)
+        _text("welcome.exchange", m.exchange, 32)
+    elif isinstance(m, Receipt):
+        _free_text("receipt.message", m.message, MAX_MESSAGE)
+    elif isinstance(m, RoundEnd):
+        _text("round_end.codec", m.codec, 32)
+        _free_text("round_end.codec_params", m.codec_params, MAX_MESSAGE)
+        _text("round_end.weights_digest", m.weights_digest, 128)
+    elif isinstance(m, WeightsEnd):
+        _text("weights_end.weights_digest", m.weights_digest, 128)
+    elif isinstance(m, Chunk):
+        _text("chunk.codec", m.codec, 32)
+
+
+def check_coordinator_message(m: CoordinatorMessage) -> CoordinatorMessage:
+    """``m`` if every string in it is printable and bounded; else ProtocolError."""
+    _check_coordinator_strings(m)
     return m

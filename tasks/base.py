@@ -22,10 +22,13 @@ class Task(Protocol):
 
     Optional methods, looked up by name:
 
-    - ``tp_plan() -> dict[str, ParallelStyle]``: the ``parallelize_module`` plan for local
-      tensor parallelism (module path -> ``ColwiseParallel()`` / ``RowwiseParallel()`` /
-      ...). Needed only to run with ``tp > 1`` (or on CUDA, where the plan runs on a
-      mesh of one). Without a plan, ``tp > 1`` is refused.
+    - ``tp_plan() -> dict[str, ParallelStyle | str]``: the ``parallelize_module`` plan for
+      local tensor parallelism (module path, ``*`` for any one component -> ``ColwiseParallel()``
+      / ``RowwiseParallel()`` / ..., or a Hugging Face style name such as ``"colwise"``:
+      a ``transformers`` model's ``base_model_tp_plan`` maps straight across). Needed only
+      to run with ``tp > 1`` (or on CUDA, where the plan runs on a mesh of one). Without a
+      plan, ``tp > 1`` is refused; a plan the model cannot take is refused before any rank
+      trains (``skyfed.tasks.plans``).
     - ``eval_loss(model) -> float``: loss on held-out data, for benchmarks and reports.
     """
 
@@ -65,6 +68,9 @@ class Task(Protocol):
 
 
 def tp_plan_of(task: Task) -> dict[str, Any]:
-    """The task's TP plan; an empty plan when it has none."""
+    """The task's TP plan as torch styles (Hugging Face's style names resolved,
+    ``skyfed.tasks.plans``); an empty plan when it has none."""
+    from skyfed.tasks.plans import resolve
+
     plan = getattr(task, "tp_plan", None)
-    return {} if plan is None else plan()
+    return {} if plan is None else resolve(plan())

@@ -171,10 +171,15 @@ class CharTask:
     def make_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=0.0)
 
+    def held_out(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The held-out windows, the same ones every time: two evaluations differ only by
+        the weights."""
+        _, held_out = self._split
+        return self._windows(held_out, seed=12345)
+
     @torch.no_grad()
     def eval_loss(self, model: nn.Module) -> float:
-        _, held_out = self._split
-        batches = self._windows(held_out, seed=12345)
+        batches = self.held_out()
         losses = [float(self.loss(model, next(batches))) for _ in range(self.cfg.eval_batches)]
         return sum(losses) / len(losses)
 

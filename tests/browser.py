@@ -74,6 +74,14 @@ class Browser:
             time.sleep(0.2)
         raise TimeoutError(f"{expression!r} stayed false for {timeout_s} s")
 
+    def images(self) -> list[tuple[str, int]]:
+        """``(src, natural width)`` of every image once the page and all of them loaded
+        (a width of 0: one that failed)."""
+        return self.wait_for(
+            "document.readyState === 'complete' && [...document.images].every(i => i.complete)"
+            " && [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth])"
+        )
+
     def screenshot(self, path: Path) -> None:
         metrics = self.call("Page.getLayoutMetrics", session=True)["cssContentSize"]
         data = self.call(

@@ -58,17 +58,16 @@ from skyfed.wire import (
 
 if TYPE_CHECKING:
     from skyfed.coordinator.aggregate import Contribution
+    from skyfed.coordinator.calls import Call
     from skyfed.coordinator.federation import Federation
     from skyfed.coordinator.model import Model
     from skyfed.coordinator.round import Round
-    from skyfed.coordinator.security import PeerAuthenticator
     from skyfed.coordinator.service import Leadership
 
 log = logging.getLogger(__name__)
 
 MAX_FOLLOWERS = 8
 """Standbys one leader streams to at once (a federation runs two or three replicas)."""
-HELLO_TIMEOUT_S = 10.0
 KEEP_DIGESTS = 16
 """Released rounds whose digest a catching-up standby's ack is compared with."""
 
@@ -430,22 +429,26 @@ def _digest(section: str, tensors: list | None) -> str:
 
 def serve_replicate(
     fed: Federation,
-    auth: PeerAuthenticator,
+    call: Call,
     leadership: Leadership | None,
     requests: Iterator[bytes],
     context: grpc.ServicerContext,
 ) -> Iterator[pb.LeaderMessage | serde.Serialized]:
-    """The ``Replicate`` call at a leader: a coordinator replica's identity only, its
-    hello checked and its stream attached; acks read on a thread of their own."""
+    """The ``Replicate`` call at a leader (``call``: identified, counted and its first
+    message read by the call guard, ``coordinator/calls.py``): a coordinator replica's
+    identity only, its hello checked and its stream attached; acks read on a thread of
+    their own; revoked, it ends."""
     followers = fed.replication
+    identity = call.identity
     try:
-        identity = auth.identify(context)
         if identity.role != "coordinator":
             raise IdentityMismatchError(f"{identity.uri} is not a coordinator replica")
         if followers is None or leadership is None:
             raise NotLeaderError("this coordinator runs alone: it has no replicas to follow it")
         leadership.check()
-        hello = _hello(requests)
+        hello = serde.replica_message_from_bytes(next(requests))
+        if not isinstance(hello, ReplicaHello):
+            raise ProtocolError("a replica's first message must be its hello")
         if identity.name != replica_name(hello.replica):
             raise IdentityMismatchError(
                 f"hello names replica {hello.replica!r} but the certificate is {identity.uri}"
@@ -458,6 +461,7 @@ def serve_replicate(
     except FederationError as exc:
         log.warning("[Federation.Replicate] refused peer=%s: %s", context.peer(), exc)
         abort(context, exc)
+    call.ended_by(lambda reason: followers.detach(stream, reason))
     context.add_callback(lambda: followers.detach(stream, "its stream ended"))
     reader = threading.Thread(
         target=_read_acks, args=(followers, stream, requests), name="replica-acks", daemon=True
@@ -466,27 +470,6 @@ def serve_replicate(
     yield from stream.messages()
     if stream.reason:
         context.abort(grpc.StatusCode.ABORTED, stream.reason)
-
-
-def _hello(requests: Iterator[bytes]) -> ReplicaHello:
-    box: dict[str, object] = {}
-
-    def first() -> None:
-        try:
-            box["data"] = next(requests, None)
-        except grpc.RpcError:
-            box["data"] = None
-
-    reader = threading.Thread(target=first, daemon=True)
-    reader.start()
-    reader.join(HELLO_TIMEOUT_S)
-    data = box.get("data")
-    if not isinstance(data, bytes):
-        raise ProtocolError(f"no replica hello within {HELLO_TIMEOUT_S:g} s")
-    message = serde.replica_message_from_bytes(data)
-    if not isinstance(message, ReplicaHello):
-        raise ProtocolError("a replica's first message must be its hello")
-    return message
 
 
 def _read_acks(followers: Followers, stream: FollowerStream, requests: Iterator[bytes]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from skyfed.coordinator.history import ROUNDS_FILE, read
+from skyfed.coordinator.runinfo import RUN_FILE
 
 STATUS_FILE = "status.json"
 
@@ -24,16 +25,20 @@ class LinkSeries:
     loss_pct: list[float] = field(default_factory=list)
     bytes_up: list[int] = field(default_factory=list)
     bytes_down: list[int] = field(default_factory=list)
+    ratio: list[float] = field(default_factory=list)
+    """Its exchange against its floor (NaN: not timed, as a run's last round)."""
 
 
 @dataclass(slots=True)
 class RunData:
-    """A run's rounds (in order, one per round), its evaluations and its last status."""
+    """A run's rounds (in order, one per round), its evaluations, its last status and
+    what was run (``run.json``; None from a coordinator that did not write one)."""
 
     rounds: list[dict[str, Any]]
     evals: list[dict[str, Any]]
     status: dict[str, Any] | None
     links: dict[str, LinkSeries]
+    run: dict[str, Any] | None = None
     failovers: list[dict[str, Any]] = field(default_factory=list)
     """Each coordinator replica that took over: its first round, ``wall_s``, cause and
     duration (docs/failover.md)."""
@@ -66,9 +71,13 @@ def load(run_dir: Path) -> RunData:
         # A restarted coordinator appends: the latest line for a round wins.
         (rounds if line.get("kind") == "round" else evals)[int(line["round"])] = line
     ordered = [rounds[k] for k in sorted(rounds)]
-    status_path = run_dir / STATUS_FILE
-    status = json.loads(status_path.read_text()) if status_path.exists() else None
-    return RunData(ordered, [evals[k] for k in sorted(evals)], status, _links(ordered), failovers)
+    status, run = (_json(run_dir / name) for name in (STATUS_FILE, RUN_FILE))
+    evals_ordered = [evals[k] for k in sorted(evals)]
+    return RunData(ordered, evals_ordered, status, _links(ordered), run, failovers)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _links(rounds: list[dict[str, Any]]) -> dict[str, LinkSeries]:
@@ -83,4 +92,5 @@ def _links(rounds: list[dict[str, Any]]) -> dict[str, LinkSeries]:
             s.loss_pct.append(float(link.get("loss_pct", math.nan)))
             s.bytes_up.append(int(link.get("bytes_up", 0)))
             s.bytes_down.append(int(link.get("bytes_down", 0)))
+            s.ratio.append(float(link.get("ratio", math.nan)))
     return links

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import html
+import json
 import math
 from pathlib import Path
+from typing import Any
 
+from skyfed.coordinator.snapshot import run_wall_s
 from skyfed.report.data import RunData, load
 from skyfed.report.plots import all_plots
 
@@ -16,7 +19,11 @@ CAPTIONS = {
     "time": "Each round's wall time, split into the slowest contributor's local training and "
     "the rest (upload, aggregation, broadcast): the exchange.",
     "bytes": "Chunk bytes each link carried per round, on the wire, against the same tensors "
-    "as fp32 (dotted); log scale.",
+    "as fp32 (dotted); log scale. Links that carried the same bytes coincide: the first is "
+    "drawn widest, each puts its markers on other rounds.",
+    "efficiency": "Each link's exchange in each round against its physical floor, one RTT "
+    "plus its bytes at the link's rate (1x: as fast as the link allows; docs/striping.md), "
+    "as its agent timed it; log scale.",
     "links": "Each link's codec over the rounds (the band), under its smoothed round-trip time "
     "and probe loss as the coordinator measured them when the round closed.",
 }
@@ -33,9 +40,18 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> Path:
     return page
 
 
+def _rows(pairs: list[tuple[str, str]]) -> str:
+    return "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in pairs)
+
+
 def _page(run_dir: Path, data: RunData, plots: dict[str, Path]) -> str:
-    rows = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _totals(data)
+    rows = _rows(_totals(data))
+    options = _flat((data.run or {}).get("configuration", {}))
+    configuration = (
+        f'<details id="configuration"><summary>every option ({len(options)})</summary>'
+        f"<table>{_rows(options)}</table></details>"
+        if options
+        else ""
     )
     figures = "".join(
         f'<figure><img src="{p.name}" alt="{name}"><figcaption>{CAPTIONS[name]}</figcaption>'
@@ -50,12 +66,54 @@ table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
 th, td {{ text-align: left; padding: 0.2em 1em 0.2em 0; border-bottom: 1px solid #ddd; }}
 figure {{ margin: 0 0 2em 0; }} img {{ max-width: 100%; }}
 figcaption {{ font-size: 0.9em; color: #555; }}
+details {{ margin-bottom: 1.5em; }}
 </style></head><body>
 <h1>skyfed run report</h1><p>{html.escape(str(run_dir))}</p>
-<table>{rows}</table>
+<h2>What was run</h2>
+<table id="run">{_rows(_what_was_run(data))}</table>
+{configuration}
+<h2>Totals</h2>
+<table id="totals">{rows}</table>
 {figures}
 </body></html>
 """
+
+
+def _what_was_run(data: RunData) -> list[tuple[str, str]]:
+    """The run's identity (``run.json``) and the codecs its links ran on."""
+    used = sorted({c for link in data.links.values() for c in link.codec if c})
+    run = data.run
+    if run is None:
+        return [("recorded", "no run.json: a coordinator from before it was written")] + (
+            [("codecs the links used", ", ".join(used))] if used else []
+        )
+    config = run.get("configuration", {})
+    versions = ", ".join(f"{k} {v}" for k, v in run.get("versions", {}).items())
+    rows = [
+        ("started", f"{run.get('started', '?')} on {run.get('host', '?')}"),
+        ("task", str(run.get("task", "?"))),
+        ("codec", f"{run.get('codec', '?')} (the links used: {', '.join(used) or 'none'})"),
+        ("exchange", str(run.get("exchange", "?"))),
+        ("outer optimizer", str(config.get("outer_optimizer", "?"))),
+        ("rounds planned", str(config.get("rounds", "?"))),
+        (
+            "agents",
+            f"min_agents {config.get('min_agents', '?')}, quorum {config.get('quorum', '?')}",
+        ),
+        ("versions", versions),
+    ]
+    return rows
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """``[("streams.max_streams", "16"), ...]``: every option, nested ones by their path."""
+    rows = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            rows += _flat(value, f"{prefix}{key}.")
+        else:
+            rows.append((prefix + key, json.dumps(value)))
+    return rows
 
 
 def _totals(data: RunData) -> list[tuple[str, str]]:
@@ -69,7 +127,11 @@ def _totals(data: RunData) -> list[tuple[str, str]]:
     train_s = sum(r["train_s"] for r in rounds) / len(rounds)
     rows = [
         ("rounds", f"{len(rounds)} (rounds {rounds[0]['round']}-{rounds[-1]['round']})"),
-        ("wall time", f"{rounds[-1]['wall_s']:.1f} s"),
+        (
+            "wall time",
+            f"{run_wall_s(rounds):.1f} s, the coordinator's start to round "
+            f"{rounds[-1]['round']}'s close",
+        ),
         (
             "per round",
             f"{mean_s:.3f} s (training {train_s:.3f} s, exchange {mean_s - train_s:.3f} s)",

@@ -49,6 +49,7 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
         "loss": _loss,
         "time": _time_split,
         "bytes": _bytes,
+        "efficiency": _efficiency,
         "links": _links,
     }
     paths = {}
@@ -63,6 +64,22 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
             plt.close(fig)
             paths[name] = path
     return paths
+
+
+def series_style(i: int, n: int) -> dict[str, object]:
+    """How the ``i``-th of ``n`` series on one axes is drawn, so that series that coincide
+    (links on one codec carry the same bytes) all stay visible: each has its own colour,
+    dash and marker; earlier series are drawn wider and lower, so a later one runs inside
+    them; and each puts its markers on other rounds (``markevery`` with its own phase)."""
+    return {
+        "color": PALETTE[i % len(PALETTE)],
+        "ls": LINESTYLES[i % len(LINESTYLES)],
+        "marker": MARKERS[i % len(MARKERS)],
+        "lw": 1.0 + 1.2 * (n - 1 - i),
+        "ms": 3.5 + 1.0 * (n - 1 - i),
+        "markevery": (i % max(1, n), max(1, n)),
+        "zorder": 2 + i,
+    }
 
 
 def _loss(data: RunData) -> plt.Figure:
@@ -125,15 +142,7 @@ def _bytes(data: RunData) -> plt.Figure:
     for ax, direction in ((axes[0], "up"), (axes[1], "down")):
         for i, (name, link) in enumerate(data.links.items()):
             sent = [b / 1e6 if b > 0 else math.nan for b in getattr(link, f"bytes_{direction}")]
-            ax.plot(
-                link.rounds,
-                sent,
-                color=PALETTE[i % len(PALETTE)],
-                ls=LINESTYLES[i % len(LINESTYLES)],
-                marker=MARKERS[i % len(MARKERS)],
-                ms=3,
-                label=name,
-            )
+            ax.plot(link.rounds, sent, label=name, **series_style(i, len(data.links)))
         ax.plot(rounds, raw, color="grey", ls=":", lw=1, label="fp32 (uncompressed)")
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -143,6 +152,27 @@ def _bytes(data: RunData) -> plt.Figure:
         ax.set(xlabel="round", title=f"{'Uplink' if direction == 'up' else 'Downlink'}: {label}")
     axes[0].set_ylabel("MB per round per link (log)")
     axes[1].legend(loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def _efficiency(data: RunData) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 2.4))
+    timed = {n: s for n, s in data.links.items() if any(math.isfinite(r) for r in s.ratio)}
+    for i, (name, link) in enumerate(timed.items()):
+        ax.plot(link.rounds, link.ratio, label=name, **series_style(i, len(timed)))
+    if timed:
+        ax.axhline(1.0, color="grey", ls=":", lw=1, label="the floor (RTT + bytes / rate)")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        ax.legend(loc="best")
+    else:
+        ax.text(0.5, 0.5, "no link's exchange was timed", ha="center", va="center")
+    ax.set(
+        xlabel="round", ylabel="exchange / floor", title="Each link's exchange against its floor"
+    )
     fig.tight_layout()
     return fig
 

@@ -17,6 +17,14 @@ MISTAKES = {
         ["--task", "tests.agent.bad_plan_task:make", "--tp", "2"],
         "names module 'blocks.9.attn.q'",
     ),
+    "gpt2-conv1d-plan": (
+        ["--task", "tests.agent.gpt2_task:make", "--tp", "2"],
+        "transformer.h.0.attn.c_attn is a Conv1D; ColwiseParallel shards only nn.Linear",
+    ),
+    "heads-tp-does-not-divide": (
+        ["--task", "skyfed.tasks.llama:llama?heads=2&kv_heads=1&hidden=64", "--tp", "4"],
+        "num_attention_heads = 2 is not divisible by tp=4",
+    ),
     "log-level": (["--log-level", "verbose"], "--log-level"),
     "certs-dir": (["--certs", "/nonexistent/certs"], "--ca /nonexistent/certs/ca.crt"),
 }

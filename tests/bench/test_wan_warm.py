@@ -34,16 +34,26 @@ def test_timed_median_of_no_timed_round_is_nan(wan) -> None:
     assert math.isnan(wan.timed_median([1.0, 2.0], warmup=2))
 
 
-def _rounds(certs: Path, port: int, client: str, **kw: int) -> subprocess.CompletedProcess:
+def _respond(certs: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    """``tls-respond`` on a free port (0: it picks one, and says which)."""
     server = subprocess.Popen(
-        [*PROBE, "tls-respond", "--bind", "127.0.0.1", "--port", str(port)]
+        [*PROBE, "tls-respond", "--bind", "127.0.0.1", "--port", "0", *args]
         + ["--certs", str(certs), "--name", "coordinator", "--duration-s", "20"],
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert server.stdout is not None
+    line = server.stdout.readline()
+    if not line.startswith("ready "):
+        server.kill()
+        server.wait()
+        raise AssertionError(f"tls-respond said {line!r}, not ready PORT")
+    return server, int(line.split()[1])
+
+
+def _rounds(certs: Path, client: str, **kw: int) -> subprocess.CompletedProcess:
+    server, port = _respond(certs)
     try:
-        assert server.stdout is not None
-        assert server.stdout.readline() == "ready\n"
         args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
         return subprocess.run(
             [*PROBE, "tls-rounds", "--to", "127.0.0.1", "--port", str(port)]
@@ -60,7 +70,7 @@ def _rounds(certs: Path, port: int, client: str, **kw: int) -> subprocess.Comple
 
 def test_tls_rounds_time_every_round_of_the_full_answer(tmp_path: Path) -> None:
     make_federation(tmp_path)
-    out = _rounds(tmp_path, 47321, "aws-1", up=300_001, down=700_003, rounds=3, warmup=1)
+    out = _rounds(tmp_path, "aws-1", up=300_001, down=700_003, rounds=3, warmup=1)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["warmup"] == 1 and len(result["seconds"]) == 4
@@ -72,7 +82,7 @@ def test_tls_rounds_refuse_a_client_without_a_certificate_of_the_ca(tmp_path: Pa
     make_federation(tmp_path / "theirs")
     for name in ("aws-1.crt", "aws-1.key"):  # another CA's agent, trusting ours
         (tmp_path / "ours" / f"x{name}").write_bytes((tmp_path / "theirs" / name).read_bytes())
-    out = _rounds(tmp_path / "ours", 47322, "xaws-1", up=10, down=10, rounds=1, warmup=0)
+    out = _rounds(tmp_path / "ours", "xaws-1", up=10, down=10, rounds=1, warmup=0)
     assert out.returncode != 0
 
 
@@ -81,16 +91,9 @@ def test_the_answers_wait_for_every_peers_request(tmp_path: Path) -> None:
     are in, as a broadcast waits for every upload: a client that starts 1.5 s before the
     other times its first round at the wait, later rounds in step."""
     make_federation(tmp_path)
-    port = 47323
-    server = subprocess.Popen(
-        [*PROBE, "tls-respond", "--bind", "127.0.0.1", "--port", str(port), "--peers", "2"]
-        + ["--certs", str(tmp_path), "--name", "coordinator", "--duration-s", "20"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, port = _respond(tmp_path, "--peers", "2")
     clients = []
     try:
-        assert server.stdout is not None and server.stdout.readline() == "ready\n"
         for client, delay in (("aws-1", 0.0), ("gcp-1", 1.5)):
             time.sleep(delay)
             clients.append(

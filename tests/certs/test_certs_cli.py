@@ -115,3 +115,24 @@ def test_cli_show_of_a_file_that_is_not_a_certificate_exits_2(tmp_path: Path) ->
     code, output = _run("show", str(junk))
     assert code == 2
     assert "neither a certificate nor a CRL" in output
+
+
+def test_cli_bundle_copies_what_one_identity_mounts_and_never_the_ca_key(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    ca.issue_agent("aws", "aws-1")
+    ca.issue_coordinator()
+    for name, files in {
+        "aws-1": {"ca.crt", "aws-1.crt", "aws-1.key"},
+        "coordinator": {"ca.crt", "coordinator.crt", "coordinator.key", "crl.pem"},
+    }.items():
+        out = tmp_path / "bundles" / name
+        code, output = _run("bundle", name, "--dir", str(ca.directory), "--out", str(out))
+        assert code == 0, output
+        assert {p.name for p in out.iterdir()} == files
+        modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+        assert modes.pop(f"{name}.key") == 0o600
+        assert set(modes.values()) == {0o644}
+        assert (out / f"{name}.crt").read_bytes() == (ca.directory / f"{name}.crt").read_bytes()
+    code, output = _run("bundle", "nobody", "--dir", str(ca.directory), "--out", str(tmp_path))
+    assert code == 2 and "no certificate named 'nobody'" in output

@@ -28,6 +28,29 @@ def model_and_spec():
     return [p.detach().clone() for _, p in named], model_spec(named)
 
 
+def hello(
+    cloud: str,
+    name: str,
+    codecs: tuple[str, ...] = ("fp32",),
+    exchanges: tuple[str, ...] = (),
+    **fields: object,
+) -> pb.Hello:
+    """A fresh agent's hello for the default task; ``fields`` set any other field."""
+    weights, spec = model_and_spec()
+    return pb.Hello(
+        frame_version=frame.VERSION,
+        cloud=cloud,
+        name=name,
+        task="chargpt",
+        tensors=specs_to_proto(spec),
+        codecs=list(codecs),
+        last_round=-1,
+        weights_digest=weights_digest(weights),
+        exchanges=list(exchanges),
+        **fields,
+    )
+
+
 def join(
     agent,
     cloud: str,
@@ -35,20 +58,7 @@ def join(
     codecs: tuple[str, ...] = ("fp32",),
     exchanges: tuple[str, ...] = (),
 ) -> pb.Welcome:
-    weights, spec = model_and_spec()
-    agent.send(
-        hello=pb.Hello(
-            frame_version=frame.VERSION,
-            cloud=cloud,
-            name=name,
-            task="chargpt",
-            tensors=specs_to_proto(spec),
-            codecs=list(codecs),
-            last_round=-1,
-            weights_digest=weights_digest(weights),
-            exchanges=list(exchanges),
-        )
-    )
+    agent.send(hello=hello(cloud, name, codecs, exchanges))
     return agent.expect("welcome").welcome
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.export import export_checkpoint
 from skyfed.fingerprint import model_spec, spec_digest, weights_digest
-from skyfed.procs import command
+from skyfed.procs import command, wait_for_file
 from skyfed.tasks import load_task
 
 TASK = "skyfed.tasks.examples:mlp_task"
@@ -57,3 +58,20 @@ def test_export_without_a_checkpoint_is_a_usage_error(tmp_path):
     )
     assert result.returncode == 2
     assert "no checkpoint in" in result.stderr
+
+
+def test_a_coordinator_stopped_before_round_0_exports_nothing_and_says_so(pki, tmp_path, reaped):
+    out, port_file = tmp_path / "out" / "model.pt", tmp_path / "port"
+    argv = command(
+        "coordinator", "serve", "--listen", "127.0.0.1:0", "--certs", str(pki.directory),
+        "--min-agents", "2", "--port-file", str(port_file), "--export", str(out),
+        "--no-progress",
+    )  # fmt: skip
+    proc = reaped.start("coordinator", argv)
+    wait_for_file(port_file, 60, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 1, reaped.log("coordinator")[-2000:]
+    last = reaped.log("coordinator").strip().splitlines()[-1]
+    assert "no trained model, nothing written to" in last, last
+    assert "Traceback" not in reaped.log("coordinator")
+    assert not out.exists() and not out.with_suffix(".json").exists()

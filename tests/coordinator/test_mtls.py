@@ -16,14 +16,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from skyfed.certs.testing import make_federation
-from skyfed.compression import frame
-from skyfed.fingerprint import model_spec
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
-from skyfed.proto.serde import specs_to_proto
-from skyfed.tasks import load_task
 
 from .. import conftest  # noqa: TID252 - shared helpers live beside the fixtures
+from .test_bad_input import hello
 
 
 def status_call(port: int, creds: grpc.ChannelCredentials) -> tuple[grpc.StatusCode, str]:
@@ -33,18 +30,6 @@ def status_call(port: int, creds: grpc.ChannelCredentials) -> tuple[grpc.StatusC
         except grpc.RpcError as exc:
             return exc.code(), exc.details()
     return grpc.StatusCode.OK, ""
-
-
-def hello(cloud: str, name: str) -> pb.Hello:
-    spec = model_spec(load_task("chargpt").build_model(0).named_parameters())
-    return pb.Hello(
-        frame_version=frame.VERSION,
-        cloud=cloud,
-        name=name,
-        task="chargpt",
-        tensors=specs_to_proto(spec),
-        last_round=-1,
-    )
 
 
 def self_signed(directory: Path, name: str) -> None:

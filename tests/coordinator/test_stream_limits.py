@@ -20,7 +20,8 @@ from tests.striping import test_striped_sessions as striped
 
 SESSION = "/skyfed.v1.Federation/Session"
 OPENED = "[Federation.Session] agent=spiffe://skyfed.local/cloud/aws/agent/aws-1 "
-"""Logged once a session stream of aws-1 is counted against its limit."""
+"""Logged once a session stream of aws-1 has sent its first message (it is counted from
+the moment it opens)."""
 
 
 def test_stream_that_sends_no_hello_ends_with_deadline_exceeded(serve, raw_agent):
@@ -101,7 +102,8 @@ def test_a_striped_sessions_connections_count_once_against_the_limit(serve, raw_
         striped.contribute(link, seed=1)
         striped.assert_round_exact(running, link, seed=1)
         with caplog.at_level(logging.INFO, logger="skyfed.coordinator.service"):
-            raw_agent(running.port, "aws-1")  # a reconnect's overlapping stream: the second
+            # A reconnect's overlapping stream (the second), past its first message:
+            raw_agent(running.port, "aws-1").send(heartbeat=pb.Heartbeat())
             deadline = time.monotonic() + 10
             while not any(OPENED in r.getMessage() for r in caplog.records):  # it is counted
                 assert time.monotonic() < deadline, "the second stream never opened"

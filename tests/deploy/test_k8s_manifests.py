@@ -314,3 +314,19 @@ def test_agent_job_fails_fast_only_where_a_retry_cannot_help(overlay):
     assert EXIT_NO_SESSION not in rule["onExitCodes"]["values"]
     assert job["spec"]["backoffLimit"] > 0
     assert pod_spec(job)["restartPolicy"] == "Never"  # what podFailurePolicy requires
+
+
+def test_the_public_nlb_keeps_the_agents_source_addresses():
+    """The NetworkPolicy admits the other clouds by their NAT addresses: an NLB with IP
+    targets passes them on for TCP only where its target group preserves the client IP."""
+    services = of_kind("aws", "Service")
+    (public,) = [s for s in services if s["spec"].get("type") == "LoadBalancer"]
+    annotations = public["metadata"]["annotations"]
+    prefix = "service.beta.kubernetes.io/aws-load-balancer-"
+    assert annotations[prefix + "nlb-target-type"] == "ip"
+    attributes = dict(
+        pair.strip().split("=", 1)
+        for pair in annotations[prefix + "target-group-attributes"].split(",")
+    )
+    assert attributes["preserve_client_ip.enabled"] == "true"
+    assert {p["protocol"] for p in public["spec"]["ports"]} == {"TCP", "UDP"}

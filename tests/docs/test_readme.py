@@ -13,13 +13,14 @@ def test_readme_stays_short():
 
 
 def test_readme_gives_the_demo_and_the_test_command():
-    assert "pip install torch==2.13.0 -e . && skyfed demo" in README
+    assert "pip install -c constraints.txt torch==2.13.0 -e . && skyfed demo" in README
     assert "bash .ci/run" in README
 
 
 def test_the_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'pip install torch==2.13.0 -e ".[test]"' in ci
+    assert 'install -q -c constraints.txt torch==2.13.0 -e ".[test]"' in ci
+    assert "python3 -m venv --clear" in ci  # a fresh venv: the pins alone decide
     assert "python -m pytest" in ci
 
 

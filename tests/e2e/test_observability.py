@@ -230,13 +230,12 @@ def test_report_page_shows_every_plot_in_chromium(run, tmp_path):
     browser = Browser(tmp_path / "profile")
     try:
         browser.open(page.as_uri())
-        images = browser.wait_for(
-            "document.readyState === 'complete' && [...document.images].every(i => i.complete)"
-            " && [...document.images].map(i => [i.getAttribute('src'), i.naturalWidth])"
-        )
+        images = browser.images()
         browser.screenshot(tmp_path / "report.png")
     finally:
         browser.close()
-    assert sorted(src for src, _ in images) == ["bytes.png", "links.png", "loss.png", "time.png"]
+    assert sorted(src for src, _ in images) == [
+        "bytes.png", "efficiency.png", "links.png", "loss.png", "time.png"
+    ]  # fmt: skip
     assert all(width > 0 for _, width in images), images
     assert (tmp_path / "report.png").stat().st_size > 10_000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import shlex
+import subprocess
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from skyfed.lab.cli import lab as lab_cli
 from skyfed.lab.compose import compose_agents, load_compose, option, split_shape
 from skyfed.lab.profiles import load_catalog
+from skyfed.procs import command
 
 pytest.importorskip("yaml", reason="the compose tests read YAML with PyYAML")
 
@@ -64,19 +66,31 @@ def certs_lines(doc: dict[str, Any]) -> list[list[str]]:
     return [shlex.split(line) for line in script.splitlines() if line.strip()]
 
 
-def produced_cert_files(doc: dict[str, Any]) -> set[str]:
-    """Files the certs service writes into /certs, from its own command lines."""
-    files = set()
+def mounts(service: dict[str, Any]) -> list[dict[str, Any]]:
+    """A service's volume mounts, short (``src:dst[:ro]``) or long syntax, as
+    ``{source, target, read_only, subpath}``."""
+    out = []
+    for mount in service.get("volumes", []):
+        if isinstance(mount, str):
+            source, target, *mode = mount.split(":")
+            out.append({"source": source, "target": target, "read_only": mode == ["ro"]})
+        else:
+            subpath = mount.get("volume", {}).get("subpath")
+            out.append({**mount, "subpath": subpath})
+    return out
+
+
+def certs_mount(service: dict[str, Any]) -> dict[str, Any]:
+    (mount,) = [m for m in mounts(service) if m["target"] == "/certs"]
+    return mount
+
+
+def run_certs_script(doc: dict[str, Any], pki: Path) -> None:
+    """The certs service's script, run for real with its volume at ``pki``."""
     for argv in certs_lines(doc):
-        assert option(argv, "--dir") == "/certs"
-        if argv[1] == "init":
-            files |= {"ca.crt", "crl.pem"}
-        elif argv[1:3] == ["issue", "coordinator"]:
-            name = option(argv, "--name") or "coordinator"
-            files |= {f"{name}.crt", f"{name}.key"}
-        elif argv[1:3] == ["issue", "agent"]:
-            files |= {f"{option(argv, '--name')}.crt", f"{option(argv, '--name')}.key"}
-    return files
+        argv = [a.replace("/pki", str(pki)) for a in argv]
+        done = subprocess.run(command("certs", *argv[1:]), capture_output=True, text=True)
+        assert done.returncode == 0, f"{argv}: {done.stderr}"
 
 
 def test_compose_has_certs_coordinator_and_one_agent_per_cloud(doc: dict[str, Any]) -> None:
@@ -124,27 +138,52 @@ def test_every_agent_trains_on_its_own_shard(doc: dict[str, Any]) -> None:
     assert sorted(shards) == [str(i) for i in range(len(CLOUDS))], shards
 
 
-def test_every_certificate_a_service_reads_is_produced_by_the_certs_service(
+def test_every_service_mounts_only_its_own_certificates_and_never_the_ca_key(
+    doc: dict[str, Any], tmp_path: Path
+) -> None:
+    pki = tmp_path / "pki"
+    run_certs_script(doc, pki)
+    assert (pki / "ca" / "ca.key").is_file()  # the CA stays in the certs service's volume
+    readers = {"coordinator": ("coordinator", doc["services"]["coordinator"]["command"])}
+    readers |= {a.service: (a.name, a.argv) for a in compose_agents(doc)}
+    for service, (name, argv) in readers.items():
+        body = doc["services"][service]
+        mount = certs_mount(body)
+        assert mount["target"] == option(argv, "--certs") == "/certs", service
+        assert (mount["source"], mount["subpath"], mount["read_only"]) == ("pki", name, True)
+        assert [m["source"] for m in mounts(body)].count("pki") == 1, service
+        files = {p.name for p in (pki / mount["subpath"]).iterdir()}
+        needed = {"ca.crt", f"{name}.crt", f"{name}.key"}
+        assert files == (needed | {"crl.pem"} if service == "coordinator" else needed), service
+    (ca_mount,) = mounts(doc["services"]["certs"])
+    assert (ca_mount["source"], ca_mount["target"]) == ("pki", "/pki")
+
+
+def test_every_volume_is_declared_and_the_checkpoints_are_the_coordinators(
     doc: dict[str, Any],
 ) -> None:
-    produced = produced_cert_files(doc)
-    needed = {"ca.crt", "crl.pem", "coordinator.crt", "coordinator.key"}
-    for agent in compose_agents(doc):
-        assert option(agent.argv, "--certs") == "/certs"
-        needed |= {f"{agent.name}.crt", f"{agent.name}.key"}
-    assert needed <= produced
-    assert option(doc["services"]["coordinator"]["command"], "--certs") == "/certs"
-
-
-def test_every_volume_is_declared_and_certs_are_shared(doc: dict[str, Any]) -> None:
     declared = set(doc["volumes"])
     for name, service in doc["services"].items():
-        mounts = dict(v.split(":", 1) for v in service["volumes"])
-        assert set(mounts) <= declared, name
-        assert mounts.get("certs") == "/certs", name
+        assert {m["source"] for m in mounts(service)} <= declared, name
     coordinator = doc["services"]["coordinator"]
-    mounts = dict(v.split(":", 1) for v in coordinator["volumes"])
-    assert mounts["checkpoints"] == option(coordinator["command"], "--checkpoint-dir")
+    targets = {m["source"]: m["target"] for m in mounts(coordinator)}
+    assert targets["checkpoints"] == option(coordinator["command"], "--checkpoint-dir")
+
+
+def test_every_container_runs_as_the_images_unprivileged_user(doc: dict[str, Any]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    users = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("0", "root"), users
+    for name, service in doc["services"].items():
+        assert str(service.get("user", users[-1])).split(":")[0] not in ("0", "root"), name
+    # The agents shape their links with the capable copies of ip and tc, first on PATH.
+    assert "setcap cap_net_admin+ep /opt/netadmin/tc" in dockerfile
+    assert "setcap cap_net_admin+ep /opt/netadmin/ip" in dockerfile
+    for agent in compose_agents(doc):
+        service = doc["services"][agent.service]
+        assert service["environment"]["PATH"].startswith("/opt/netadmin:"), agent.service
+        assert service["cap_add"] == ["NET_ADMIN"]
+    assert "cap_add" not in doc["services"]["coordinator"]
 
 
 def test_agents_dial_the_coordinator_its_certificate_names(doc: dict[str, Any]) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -12,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.metrics.catalog import COORDINATOR, of_role
-from skyfed.metrics.http import parse_listen
+from skyfed.metrics.http import REQUEST_TIMEOUT_S, parse_listen
 from skyfed.proto import federation_pb2 as pb
 from tests.conftest import credentials
 
@@ -102,3 +107,54 @@ def test_refusals_are_counted_by_status_code(serve, pki, raw_agent):
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == "skyfed_refusals"]
     counts = {s.labels["code"]: s.value for s in family.samples}
     assert counts == {"INVALID_ARGUMENT": 1, "UNAUTHENTICATED": 1}
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+def test_head_answers_as_get_without_a_body(serve, path):
+    running = serve(metrics_listen="127.0.0.1:0")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{running.metrics_port}{path}", method="HEAD"
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert reply.status == 200
+        assert int(reply.headers["Content-Length"]) > 0
+        assert reply.read() == b""
+
+
+def test_other_methods_are_refused_with_405(serve):
+    running = serve(metrics_listen="127.0.0.1:0")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{running.metrics_port}/healthz", data=b"x", method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 405
+    assert refused.value.headers["Allow"] == "GET, HEAD"
+
+
+IDLE_CONNECTIONS = 2000
+
+
+def test_idle_connections_hold_no_threads_and_are_closed(serve):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 3 * IDLE_CONNECTIONS:  # both ends live in this process
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 3 * IDLE_CONNECTIONS), hard))
+    running = serve(metrics_listen="127.0.0.1:0")
+    threads = threading.active_count()
+    idle = [
+        socket.create_connection(("127.0.0.1", running.metrics_port), timeout=10)
+        for _ in range(IDLE_CONNECTIONS)
+    ]
+    try:
+        time.sleep(1)
+        assert threading.active_count() - threads < 20  # not a thread per connection
+        started = time.monotonic()
+        for conn in idle:  # each is closed by the server, none sent a byte
+            conn.settimeout(max(0.1, REQUEST_TIMEOUT_S + 5 - (time.monotonic() - started)))
+            with contextlib.suppress(ConnectionResetError):  # closed past the bound: reset
+                assert conn.recv(1) == b""
+        assert time.monotonic() - started < REQUEST_TIMEOUT_S + 5
+        assert get(running.metrics_port, "/healthz") == (200, "ok\n")
+    finally:
+        for conn in idle:
+            conn.close()
