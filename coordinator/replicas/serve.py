@@ -57,49 +57,18 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
         address="",  # known once the port is bound
         ttl_s=config.lease_ttl_s,
     )
-    standing = Standing(elector, record)
-    listen = config.listen
+    life = _Life(config, etcd, record, elector, Standing(elector, record))
     model = initial_model(config)
     try:
         while not stop.is_set():
-            replay = Replay(config, model, elector)
-            elector.eligible = lambda fresh, r=replay: record.eligible(  # type: ignore[misc]
-                r.held, r.model.weights_digest, elector, fresh
-            )
-            standing.replay, standing.followers = replay, None
-            with (
-                standby_server(config, listen, standing) as port,
-                _standby_probes(config, standing),
-            ):
-                listen = f"{listen.rpartition(':')[0]}:{port}"  # the same port in every role
-                replay.start()
-                if not elector.address:
-                    elector.address = config.advertise or _advertised(listen)
-                    elector.start()
-                elected = elector.wait_leading(stop)
-                model = replay.stop()  # a round close in progress finishes first
-            standing.replay = None
-            if not elected:
+            model, replay = life.stand_by(model, stop)
+            if replay is None:
                 break
             if _finished(etcd, config):
                 return 0
-            failover = record.took_over(elector, replay.lost_at, replay.last_heard, model.round - 1)
-            followers = Followers(
-                elector.term or 0,
-                config.replica_ack_timeout_s,
-                lambda round_, digest: record.release(elector, round_, digest),
-            )
-            standing.followers = followers
-            served = dataclasses.replace(config, listen=listen)
-            with run_server(served, standing, model=model, replication=followers) as running:
-                _took_over(running, record, failover)
-                outcome = _lead(running, elector, stop)
-            model = _kept(running, config)
-            if outcome == "done":
-                _mark_finished(etcd, config, running)
-                return 0
-            if outcome == "failed":
-                return 1
+            outcome, model = life.lead(model, replay, stop)
+            if outcome in ("done", "failed"):
+                return 0 if outcome == "done" else 1
         return 0
     finally:
         term = elector.term
@@ -108,26 +77,84 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
         elector.close()  # after the coordinator stopped: no overlap with a successor
 
 
-def _took_over(running: Running, record: Record, failover: object) -> None:
-    """The new leader's wall time counts from the federation's start; its failover is
-    logged and goes into the run's history."""
+@dataclasses.dataclass
+class _Life:
+    """What a replica keeps across its terms: its etcd, its election, its port."""
+
+    config: CoordinatorConfig
+    etcd: Etcd
+    record: Record
+    elector: Elector
+    standing: Standing
+
+    def __post_init__(self) -> None:
+        self.listen = self.config.listen
+
+    def stand_by(self, model: Model, stop: threading.Event) -> tuple[Model, Replay | None]:
+        """Replay the leader's rounds on ``model`` until elected (the replay, which says
+        how the old leader went) or ``stop`` (None)."""
+        config, elector, record = self.config, self.elector, self.record
+        replay = Replay(config, model, elector)
+        elector.eligible = lambda fresh: record.eligible(
+            replay.held, replay.model.weights_digest, elector, fresh
+        )
+        self.standing.replay, self.standing.followers = replay, None
+        with (
+            standby_server(config, self.listen, self.standing) as port,
+            _standby_probes(config, self.standing),
+        ):
+            self.listen = f"{self.listen.rpartition(':')[0]}:{port}"  # one port, every role
+            replay.start()
+            if not elector.address:
+                elector.address = config.advertise or _advertised(self.listen)
+                elector.start()
+            elected = elector.wait_leading(stop)
+            model = replay.stop()  # a round close in progress finishes first
+        self.standing.replay = None
+        return model, replay if elected else None
+
+    def lead(self, model: Model, replay: Replay, stop: threading.Event) -> tuple[Outcome, Model]:
+        """Lead with the state ``model`` replayed until the term ends; the outcome and
+        the model to stand by with."""
+        config, elector, record = self.config, self.elector, self.record
+        followers = Followers(
+            elector.term or 0,
+            config.replica_ack_timeout_s,
+            lambda round_, digest: record.release(elector, round_, digest),
+        )
+        self.standing.followers = followers
+        served = dataclasses.replace(config, listen=self.listen)
+        with run_server(served, self.standing, model=model, replication=followers) as running:
+            _took_over(running, record, elector, replay)
+            outcome = _lead(running, elector, stop)
+        if outcome == "done":
+            _mark_finished(self.etcd, config, running)
+        return outcome, _kept(running, config)
+
+
+def _took_over(running: Running, record: Record, elector: Elector, replay: Replay) -> None:
+    """The new leader, serving: its wall time counts from the federation's start, and its
+    failover is recorded, logged and marked in the run's history."""
     fed = running.federation
     fed.started_at = time.monotonic() - (time.time() - record.started_unix_s())
+    with fed.cond:
+        held = fed.model.round - 1
+    failover = record.took_over(elector, replay.lost_at, replay.last_heard, held)
     if failover is None:
         return
-    data = dataclasses.asdict(failover)  # type: ignore[call-overload]
     log.warning(
         "[Coordinator.Failover] term=%d replica=%s previous=%s cause=%s duration_s=%.2f "
         "round=%d lost_rounds=%d",
-        data["term"],
-        data["replica"],
-        data["previous"] or "-",
-        data["cause"],
-        data["duration_s"],
-        data["round"],
-        data["lost_rounds"],
+        failover.term,
+        failover.replica,
+        failover.previous or "-",
+        failover.cause,
+        failover.duration_s,
+        failover.round,
+        failover.lost_rounds,
     )
-    running.observer.failover({**data, "wall_s": time.monotonic() - fed.started_at})
+    wall_s = time.monotonic() - fed.started_at
+    running.observer.failover({**dataclasses.asdict(failover), "wall_s": wall_s})
 
 
 def _kept(running: Running, config: CoordinatorConfig) -> Model:
