@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import math
-import re
 import signal
 import statistics
 import sys
@@ -42,7 +41,7 @@ from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import fetch_status
-from skyfed.coordinator.replicas.testing import EtcdServer, Relay, free_port
+from skyfed.coordinator.replicas.testing import EtcdServer, Relay, agent_ledger, free_port
 from skyfed.coordinator.status import Status
 from skyfed.failpoints import ENV_FILE, FAILOVER_PHASES
 from skyfed.procs import Children, command
@@ -51,9 +50,6 @@ NAMES = ("a", "b", "c")
 CLOUDS = ("aws", "gcp", "azure")
 TTL_S = 2
 POLL_S = 0.05
-APPLIED = re.compile(r"\[Agent\.Phase\] round=(\d+) applied")
-LOADED = re.compile(r"\[Agent\.Sync\] weights of round (-?\d+) loaded")
-DIGESTED = re.compile(r"\[Agent\.Phase\] round=(\d+) digested .*digest=(\S+)")
 DIFFER = "differ from the leader's"
 
 
@@ -211,24 +207,13 @@ class Bench:
     def ledger(self) -> tuple[int, int, int]:
         """(rounds lost, rounds applied twice, rounds whose digest agents disagree on),
         over every agent's log so far."""
-        lost = twice = 0
+        ledgers = [agent_ledger(self.kids.log(cloud)) for cloud in CLOUDS]
         digests: dict[int, set[str]] = collections.defaultdict(set)
-        for cloud in CLOUDS:
-            log = self.kids.log(cloud)
-            held, applied = -1, collections.Counter[int]()
-            for line in log.splitlines():
-                if m := APPLIED.search(line):
-                    applied[int(m.group(1))] += 1
-                    held = int(m.group(1))
-                elif m := LOADED.search(line):
-                    if int(m.group(1)) < held:
-                        lost += held - int(m.group(1))
-                    held = int(m.group(1))
-                elif m := DIGESTED.search(line):
-                    digests[int(m.group(1))].add(m.group(2))
-            twice += sum(n - 1 for n in applied.values())
+        for kept in ledgers:
+            for round_, digest in kept.digests.items():
+                digests[round_].add(digest)
         split = sum(len(d) > 1 for d in digests.values())
-        return lost, twice, split
+        return sum(k.lost for k in ledgers), sum(k.twice for k in ledgers), split
 
     def replicas_differed(self) -> int:
         return sum(self.kids.log(n).count(DIFFER) for n in NAMES)

@@ -3,9 +3,7 @@ state tests (docs/failover.md), and what each agent's log says it applied."""
 
 from __future__ import annotations
 
-import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import grpc
 from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.admin import fetch_status
-from skyfed.coordinator.replicas.testing import free_port
+from skyfed.coordinator.replicas.testing import agent_ledger, free_port
 from skyfed.coordinator.status import Status
 from skyfed.fingerprint import weights_digest
 from skyfed.procs import Children, command
@@ -22,9 +20,6 @@ from skyfed.procs import Children, command
 TTL_S = 2
 NAMES = ("a", "b", "c")
 CLOUDS = ("aws", "gcp", "azure")
-APPLIED = re.compile(r"\[Agent\.Phase\] round=(\d+) applied")
-LOADED = re.compile(r"\[Agent\.Sync\] weights of round (-?\d+) loaded")
-JOINED = re.compile(r"\[Agent\.Join\] .* term=(\d+)")
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
@@ -131,25 +126,6 @@ class ReplicaFederation:
         return saved.round, weights_digest(saved.weights)
 
     def ledger(self, cloud: str) -> tuple[int, int]:
-        """(rounds lost, rounds applied twice) in ``cloud``'s agent log: a load of
-        weights older than a round it held loses the rounds between; a round applied a
-        second time was applied twice."""
-        return ledger(self.kids.log(cloud))
-
-
-def ledger(log: str) -> tuple[int, int]:
-    """(rounds lost, rounds applied twice) of one agent's log (see ``ReplicaFederation``)."""
-    events = []
-    for line in log.splitlines():
-        if m := APPLIED.search(line):
-            events.append(("apply", int(m.group(1))))
-        elif m := LOADED.search(line):
-            events.append(("load", int(m.group(1))))
-    held, lost, applied = -1, 0, Counter[int]()
-    for kind, round_ in events:
-        if kind == "apply":
-            applied[round_] += 1
-        elif round_ < held:
-            lost += held - round_
-        held = round_
-    return lost, sum(n - 1 for n in applied.values())
+        """(rounds lost, rounds applied twice) in ``cloud``'s agent log."""
+        kept = agent_ledger(self.kids.log(cloud))
+        return kept.lost, kept.twice
