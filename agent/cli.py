@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 
 import click
 
-from skyfed.agent.config import AgentConfig
+from skyfed.agent.config import DP_MODES, AgentConfig
 from skyfed.agent.placement import LAUNCHERS
 from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
 from skyfed.config import load_config
@@ -41,7 +42,22 @@ def main() -> None:
 @click.option("--num-shards", type=int)
 @click.option("--local-steps", type=int)
 @click.option("--rounds", type=int, help="Stop after this many rounds (0: until final).")
-@click.option("--tp", type=int, help="Local tensor-parallel ranks (processes).")
+@click.option(
+    "--dp", type=int, help="Data-parallel replicas of the site (0: the launcher's tasks over tp)."
+)
+@click.option("--tp", type=int, help="Tensor-parallel ranks (processes) of each replica.")
+@click.option(
+    "--dp-mode",
+    type=click.Choice(DP_MODES),
+    help="How replicas keep one model: fsdp (FSDP2), hsdp (FSDP2 in a node, replicated "
+    "across), ddp, or auto (DDP while it fits).",
+)
+@click.option("--dp-shard", type=int, help="hsdp: replicas per shard group (0: a node's).")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    help="Keep the site's residuals and last error here across restarts.",
+)
 @click.option(
     "--max-streams", type=int, help="Most TCP connections to stripe the session over (1: one)."
 )
@@ -68,6 +84,8 @@ def main() -> None:
     {
         "seed": (int, "Seed of the initial weights (the coordinator's) and the data order."),
         "threads": (int, "torch intra-op threads for local training."),
+        "gpu_every_steps": (int, "Read each rank's GPU (NVML) every this many steps (0: never)."),
+        "gpu_warn_c": (float, "Warn when a GPU's temperature passes this (degrees C)."),
     },
 )
 def start(
@@ -82,15 +100,18 @@ def start(
         config = load_config(AgentConfig, component="agent", path=config_path, flags=flags)
         from skyfed.agent.launch import settle
 
-        settle(config)  # fails early: cuda without enough GPUs, tp against the launcher
+        # Fails early: cuda without enough GPUs, dp x tp against the launcher.
+        placed, placement = settle(config)
         from skyfed.agent import preflight
 
-        preflight.check(config)  # key pair, files, task, TP plan: one line each
+        preflight.check(placed)  # key pair, files, task, TP plan: one line each
     except (ValueError, TypeError, OSError) as exc:
         raise click.UsageError(str(exc)) from exc
     if log_format:
         os.environ["SKYFED_LOG_FORMAT"] = log_format  # the rank processes log alike
     setup_logging(log_level, who=config.name, fmt=log_format)
+    if placement is not None and placement.rank > 0:
+        logging.getLogger().setLevel(logging.ERROR)  # only the site's rank 0 logs more
     from skyfed.agent.launch import PROGRESS_ENV, exit_on_sigterm, run
     from skyfed.netinfo import log_congestion_control, target_host
 

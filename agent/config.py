@@ -10,6 +10,8 @@ from skyfed.validate import require
 from skyfed.wire import MAX_LOCAL_STEPS
 
 DEVICES = ("auto", "cpu", "cuda")
+DP_MODES = ("auto", "fsdp", "hsdp", "ddp")
+"""How a site's data-parallel replicas keep one model (``skyfed.agent.parallelize``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,17 +53,41 @@ class AgentConfig:
     coordinator's ``exchange`` is ``gradient``: batches whose mean gradient is the step."""
     rounds: int = 0
     """Stop after applying this many rounds (0: until the coordinator says final)."""
+    dp: int = 0
+    """Data-parallel replicas of the site, each ``tp`` ranks (docs/sites.md); 0: the ranks
+    a launcher started over ``tp``, or 1 when this command starts the ranks. Each replica
+    trains on its ``1/dp`` slice of every batch, so the task's batch must divide by it."""
     tp: int = 1
-    """Local tensor-parallel ranks, one process each (see ``skyfed.agent.ranks``)."""
+    """Tensor-parallel ranks of each replica, one process each (see ``skyfed.agent.ranks``)."""
+    dp_mode: str = "auto"
+    """How the replicas keep one model: ``fsdp`` (FSDP2: parameters, gradients and
+    optimizer state sharded over the replicas), ``hsdp`` (FSDP2 sharded within groups of
+    ``dp_shard`` replicas, a node's, and replicated across them), ``ddp`` (whole replicas,
+    gradients all-reduced), or ``auto``: DDP while a replica's training state takes at most
+    a quarter of one rank's memory, FSDP2 beyond (docs/sites.md)."""
+    dp_shard: int = 0
+    """``hsdp``: the replicas of one shard group (0: those on one node, from the launcher;
+    all of them when this command spawns the ranks). Must divide ``dp``."""
     device: str = "auto"
     """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``; under a
     launcher, the GPU of the local rank) or
-    ``auto`` (``cuda`` when there are at least ``tp`` GPUs, else ``cpu``)."""
+    ``auto`` (``cuda`` when there is a GPU for every rank, else ``cpu``)."""
     launcher: str = "auto"
-    """Who starts the site's ranks: ``spawn`` (this command starts ``tp`` rank processes),
-    ``slurm`` (each ``srun`` task is one rank), ``torchrun`` (``RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``...), or ``auto``: ``slurm`` inside an ``srun`` step, ``torchrun`` when
-    ``RANK`` and ``WORLD_SIZE`` are set, else ``spawn`` (see ``docs/deployment.md``)."""
+    """Who starts the site's ranks: ``spawn`` (this command starts ``dp x tp`` rank
+    processes), ``slurm`` (each ``srun`` task is one rank), ``torchrun`` (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``...), or ``auto``: ``slurm`` inside an ``srun`` step,
+    ``torchrun`` when ``RANK`` and ``WORLD_SIZE`` are set, else ``spawn`` (see
+    ``docs/deployment.md``)."""
+    state_dir: Path | None = None
+    """A directory for the site's own state, kept across restarts: its error-feedback
+    residuals in logical coordinates (resharded when the site comes back with another
+    layout) and the reason it last stopped, which its next hello tells the coordinator
+    (docs/sites.md). None: nothing kept."""
+    gpu_every_steps: int = 10
+    """Read each rank's GPU (NVML: utilisation, memory, temperature, power) every this
+    many local steps (0: never)."""
+    gpu_warn_c: float = 85.0
+    """Log a warning when a GPU's temperature passes this many degrees Celsius."""
     reconnect_initial_s: float = 0.2
     """First reconnect delay; doubles up to ``reconnect_max_s``, with jitter."""
     reconnect_max_s: float = 5.0
@@ -82,6 +108,11 @@ class AgentConfig:
     each link's N within it and its own bound (1: one plain stream; docs/striping.md)."""
 
     @property
+    def ranks(self) -> int:
+        """The site's ranks, ``dp x tp`` (``dp`` 0 counts as 1 until a launcher sets it)."""
+        return max(1, self.dp) * self.tp
+
+    @property
     def coordinators(self) -> list[str]:
         """Every coordinator replica's HOST:PORT, in the order given."""
         return [a.strip() for a in self.coordinator.split(",") if a.strip()]
@@ -93,6 +124,11 @@ class AgentConfig:
             (1 <= self.local_steps <= MAX_LOCAL_STEPS, "local_steps", f"in 1..{MAX_LOCAL_STEPS}"),
             (self.rounds >= 0, "rounds", ">= 0"),
             (self.tp >= 1, "tp", ">= 1"),
+            (self.dp >= 0, "dp", ">= 0 (0: from the launcher)"),
+            (self.dp_mode in DP_MODES, "dp_mode", " or ".join(DP_MODES)),
+            (self.dp_shard >= 0, "dp_shard", ">= 0 (0: a node's replicas)"),
+            (self.gpu_every_steps >= 0, "gpu_every_steps", ">= 0"),
+            (0 < self.gpu_warn_c < 200, "gpu_warn_c", "in (0, 200) degrees C"),
             (self.num_shards >= 1, "num_shards", ">= 1"),
             (0 <= self.shard < self.num_shards, "shard", f"in 0..{self.num_shards - 1}"),
             (self.reconnect_initial_s > 0, "reconnect_initial_s", "> 0"),

@@ -10,6 +10,7 @@ import time
 
 import grpc
 
+from skyfed.agent import failure
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.leader import Replicas
 from skyfed.agent.link import Link, LinkClosed, open_channel, wait_connected
@@ -31,6 +32,7 @@ from skyfed.wire import (
     ContributionEnd,
     CoordinatorMessage,
     Hello,
+    Leave,
     Receipt,
     RoundEnd,
     WeightsEnd,
@@ -50,6 +52,8 @@ FATAL_CODES = {
     grpc.StatusCode.FAILED_PRECONDITION,
 }
 WELCOME_TIMEOUT_S = 60.0
+LEAVE_FLUSH_S = 2.0
+"""How long a failing site waits for its ``Leave`` to reach the wire before it closes."""
 MERGE_SLACK_BYTES = 64 << 20
 """What a striped session may hold out of order beyond one transfer of the model."""
 
@@ -60,6 +64,15 @@ class Resync(Exception):
 
 class Finished(Exception):
     """The coordinator said final, or our own round budget is spent."""
+
+
+class SiteDown(Exception):
+    """A rank failed (or this one did): the site stops; the reason was said once and,
+    where a session was open, sent to the coordinator (``skyfed.agent.failure``)."""
+
+
+# Ends of a session that are the protocol's own, not a failure of the site.
+_SESSION_ENDS = (Finished, LinkClosed, Resync, TimeoutError, SiteDown)
 
 
 class Agent:
@@ -182,10 +195,26 @@ class Agent:
             self._connected = True
             while not self._stopping:
                 self._round(link)
+        except _SESSION_ENDS:
+            raise
+        except BaseException as exc:
+            reason = self.site.down(exc)
+            if reason is None:  # a plain stop
+                raise
+            self._leave(link, reason)
+            raise SiteDown(reason) from exc
         finally:
             link.close()
             channel.close()
             self._forget_unacked()
+
+    def _leave(self, link: Link, reason: str) -> None:
+        """Tell the coordinator why this site goes (its status shows it)."""
+        try:
+            link.send(Leave(reason=failure.printable(reason)))
+            link.drain(LEAVE_FLUSH_S)
+        except Exception as exc:  # the link may be what failed: the next hello tells
+            log.debug("[Agent.Leave] not delivered: %s", exc)
 
     def _forget_unacked(self) -> None:
         """The session is gone, and with it any receipt still due: whether those rounds
@@ -204,7 +233,9 @@ class Agent:
             name=self.config.name,
             task=self.site.trainer.task.name,
             tensors=list(self.spec),
-            tp=self.site.group.world,
+            dp=self.site.layout[0],
+            tp=self.site.layout[1],
+            last_error=failure.kept(self.config.state_dir),
             codecs=tuple(codec_names()),
             last_round=self.last_round,
             weights_digest=self.site.digest(),
@@ -234,6 +265,7 @@ class Agent:
         self.site.set_exchange(exchange, welcome.sgd_lr, welcome.sgd_momentum)
         self.max_chunk_bytes = welcome.max_chunk_bytes
         self.overlap, self._pending = welcome.overlap, None
+        failure.told(self.config.state_dir)  # the hello carried it: the coordinator knows
         link.start_heartbeats(welcome.heartbeat_ms / 1000)
         final = self._receive_weights(link) if welcome.weights_follow else False
         self.last_round = welcome.round - 1
@@ -463,6 +495,7 @@ class Agent:
         self._agg, self._agg_datas = None, {}
         phase(end.round, "applied")
         self.last_round, self.applied = end.round, self.applied + 1
+        self.site.persist(end.round)
         spec = wire_spec(end.codec, end.codec_params)
         if spec != self.codec:
             log.info("[Agent.Codec] %s -> %s from round %d", self.codec, spec, end.round + 1)
@@ -570,6 +603,8 @@ class Agent:
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "codec": parse_spec(self.codec)[0],
+            "layout": {"dp": self.site.layout[0], "tp": self.site.layout[1]},
+            "gpus": self.site.gpus.as_list(),
         }
         write_text_atomic(self.config.report, json.dumps(report, indent=1))
 

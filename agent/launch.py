@@ -1,5 +1,5 @@
-"""Starting an agent: one in-process rank, a supervisor and ``tp`` rank processes, or
-one rank of a site whose ranks ``srun`` or ``torchrun`` started."""
+"""Starting an agent: one in-process rank, a supervisor and ``dp x tp`` rank processes,
+or one rank of a site whose ranks ``srun`` or ``torchrun`` started."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import zlib
 from typing import NoReturn
 
@@ -17,10 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from skyfed.agent import failure
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.placement import Placement, detect
 from skyfed.agent.ranks import (
     STORE_HOST,
+    Ranks,
     RankSpec,
     die_with_parent,
     gpu_index,
@@ -30,6 +33,7 @@ from skyfed.agent.ranks import (
     placed_config,
     reap,
     resolve_device,
+    spawned_config,
     start_ranks,
     supervise,
 )
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 
 EXIT_REFUSED = 3
 EXIT_NO_SESSION = 4
+EXIT_SITE_DOWN = failure.EXIT_SITE_DOWN
 EXIT_TERMINATED = 128 + signal.SIGTERM
 """SIGTERM before the federation finished (a node drain, a spot loss): a failure to the
 supervisor, never a success that completes a Kubernetes Job (docs/operations.md)."""
@@ -61,8 +66,7 @@ def settle(config: AgentConfig) -> tuple[AgentConfig, Placement | None]:
     """The configuration this process runs and, under a launcher, its placement; raises
     ValueError for what ``agent start`` reports as a usage error (wrong tp, no GPU)."""
     placement = detect(config.launcher, os.environ)
-    if placement is not None:
-        config = placed_config(config, placement)
+    config = spawned_config(config) if placement is None else placed_config(config, placement)
     resolve_device(config, placement)
     return config, placement
 
@@ -76,18 +80,19 @@ def run(config: AgentConfig, log_level: str | None = None, progress: bool = Fals
         return run_placed(config, placement, log_level)
     if not needs_ranks(config):
         torch.set_num_threads(config.threads)
-        return lead(config, Site(_trainer(config), sender=config.name), progress)
+        return lead(config, _site(config, _trainer(config)), progress)
     device_type = resolve_device(config)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     store, procs = start_ranks(config, device_type, log_level)
     log.info(
-        "[Agent.Ranks] tp=%d device=%s pids=%s",
+        "[Agent.Ranks] dp=%d tp=%d device=%s pids=%s",
+        config.dp,
         config.tp,
         device_type,
         ",".join(str(p.pid) for p in procs),
     )
     try:
-        return supervise(procs)
+        return supervise(procs, store, config)
     finally:
         reap(procs)
         del store
@@ -95,7 +100,7 @@ def run(config: AgentConfig, log_level: str | None = None, progress: bool = Fals
 
 def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     """Rank 0: run the session loop over ``site``; map final refusals to exit codes."""
-    from skyfed.agent.daemon import Agent
+    from skyfed.agent.daemon import Agent, SiteDown
     from skyfed.agent.link import LinkClosed
     from skyfed.agent.observe import RoundLines, start_metrics
 
@@ -109,6 +114,7 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     if progress:
         lines.start()
     try:
+        site.restore()
         agent.run()
         exit_on_sigterm(0)  # finished: a SIGTERM from here on ends a finished site
     except LinkClosed as exc:
@@ -117,6 +123,8 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     except TimeoutError as exc:
         click.echo(f"agent {config.name}: {exc}", err=True)
         return EXIT_NO_SESSION
+    except SiteDown:
+        return EXIT_SITE_DOWN
     finally:
         if progress:
             lines.close()
@@ -161,7 +169,8 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         logging.getLogger().setLevel(logging.ERROR)
     device_type = resolve_device(config, placement)
     log.info(
-        "[Agent.Ranks] %s rank=%d/%d local=%d device=%s rendezvous=%s:%d",
+        "[Agent.Ranks] %s rank=%d/%d local=%d device=%s rendezvous=%s:%d dp=%d tp=%d "
+        "cuda_visible=%s cpus=%s",
         placement.launcher,
         placement.rank,
         placement.world,
@@ -169,7 +178,17 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         device_type,
         placement.master_addr,
         placement.master_port,
+        config.dp,
+        config.tp,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "-"),
+        cpu_list(),
     )
+    joined = threading.Event()
+    probes = None
+    if placement.rank > 0 and placement.local_rank == 0:  # another node's first rank
+        from skyfed.agent.observe import start_node_probes
+
+        probes = start_node_probes(config, joined.is_set)
     store = open_store(placement)
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
     code = serve_rank(
@@ -179,8 +198,23 @@ def run_placed(config: AgentConfig, placement: Placement, log_level: str | None)
         store,
         gpu=gpu_index(placement, gpus) if device_type == "cuda" else None,
         single_host=placement.single_host,
+        joined=joined,
     )
+    if probes is not None:
+        probes.close()
     exit_rank(code)
+
+
+def cpu_list() -> str:
+    """The CPUs this process may run on, as ranges (``0-3,8``): what a launcher bound it to."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    spans: list[str] = []
+    for cpu in cpus:
+        if spans and int(spans[-1].split("-")[-1]) == cpu - 1:
+            spans[-1] = f"{spans[-1].split('-')[0]}-{cpu}"
+        else:
+            spans.append(str(cpu))
+    return ",".join(spans) or "-"
 
 
 def serve_rank(
@@ -191,21 +225,67 @@ def serve_rank(
     *,
     gpu: int | None = None,
     single_host: bool = True,
+    joined: threading.Event | None = None,
 ) -> int:
-    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow."""
+    """Any rank of a multi-rank site, however started: join, then lead (rank 0) or follow
+    (``joined`` is set once the ranks have joined the site's groups).
+
+    A rank that fails on its own leaves its one-line reason in the store and says it (the
+    traceback only at DEBUG); one that fails because another rank is gone exits quietly
+    with ``EXIT_SITE_DOWN`` (``skyfed.agent.failure``)."""
     torch.set_num_threads(config.threads)
-    group, mesh, device = init_ranks(
-        rank, config.tp, device_type, store, gpu=gpu, single_host=single_host
-    )
-    site = Site(_trainer(config, mesh=mesh, device=device), group, sender=config.name)
     if rank == 0:
-        exit_on_sigterm()
-        code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
-    else:
-        site.follow()
-        code = 0
+        exit_on_sigterm()  # unwinds: the stream closes
+    try:
+        group, mesh, device = init_ranks(
+            rank,
+            config.ranks,
+            device_type,
+            store,
+            dp=config.dp,
+            dp_shard=config.dp_shard if config.dp_mode == "hsdp" else 0,
+            gpu=gpu,
+            single_host=single_host,
+        )
+        site = _site(config, _trainer(config, mesh=mesh, device=device), group)
+        if joined is not None:
+            joined.set()
+        if rank == 0:
+            code = lead(config, site, progress=os.environ.get(PROGRESS_ENV) == "1")
+        else:
+            site.follow()
+            code = 0
+    except SystemExit as exc:  # SIGTERM: the supervisor or the launcher stops the site
+        return exc.code if isinstance(exc.code, int) else 0
+    except BaseException as exc:
+        return failed_rank(exc, rank, store, config)
     dist.destroy_process_group()
     return code
+
+
+def failed_rank(exc: BaseException, rank: int, store: dist.Store, config: AgentConfig) -> int:
+    """A rank's end by an exception: its reason in the store and the log (once), or, for a
+    lost peer, nothing of its own (the rank that failed first says why)."""
+    if failure.lost_peer(exc):
+        log.debug("[Agent.Ranks] rank %d lost a peer", rank, exc_info=exc)
+        return EXIT_SITE_DOWN
+    reason = f"{failure.where(rank, config.dp, config.tp)}: {failure.one_line(exc)}"
+    log.debug("[Agent.Ranks] rank %d failed", rank, exc_info=exc)
+    failure.report(store, rank, reason)
+    failure.announce(store, reason)
+    failure.keep(config.state_dir if rank == 0 else None, reason)
+    return 1
+
+
+def _site(config: AgentConfig, trainer: LocalTrainer, group: Ranks | None = None) -> Site:
+    return Site(
+        trainer,
+        group,
+        sender=config.name,
+        state_dir=config.state_dir,
+        gpu_every_steps=config.gpu_every_steps,
+        gpu_warn_c=config.gpu_warn_c,
+    )
 
 
 def _trainer(
@@ -220,6 +300,7 @@ def _trainer(
         mesh=mesh,
         device=device,
         data_seed=data_seed(config.seed, config.name, config.num_shards),
+        dp_mode=config.dp_mode,
     )
 
 

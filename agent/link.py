@@ -220,6 +220,12 @@ class Link:
             raise LinkClosed(item.code, item.details, item.leader)
         return item
 
+    def drain(self, timeout: float) -> None:
+        """Send what is queued and end the stream, waiting up to ``timeout`` for the
+        coordinator to end its side (a ``Leave`` then reaches it before :meth:`close`)."""
+        self._outbox.close()
+        self._reader.join(timeout)
+
     def close(self) -> None:
         self._stop.set()
         if self.probe is not None:

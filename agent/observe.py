@@ -32,6 +32,9 @@ def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
         "bytes_up": agent.bytes_up,
         "bytes_down": agent.bytes_down,
         "codec": agent.codec,
+        "dp": agent.site.layout[0],
+        "tp": agent.site.layout[1],
+        "gpus": agent.site.gpus.as_list(),
     }
 
 
@@ -46,6 +49,22 @@ def start_metrics(agent: Any, config: AgentConfig) -> MetricsServer | None:
         return (True, "") if agent.connected else (False, "not in a session")
 
     return MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
+
+
+def start_node_probes(config: AgentConfig, joined: Callable[[], bool]) -> MetricsServer | None:
+    """On a node of a multi-node site other than the leader's, its first rank serves
+    ``/healthz`` and ``/readyz`` (ready = its ranks joined the site) on the same port, so
+    every pod of the site passes its probes; the site's metrics, GPUs included, are the
+    leader's (``skyfed.agent.gpus``)."""
+    if not config.metrics_listen:
+        return None
+
+    def ready() -> tuple[bool, str]:
+        return (True, "") if joined() else (False, "the site's ranks have not joined")
+
+    return MetricsServer(
+        config.metrics_listen, CollectorRegistry(), ready, public=config.metrics_public
+    )
 
 
 class RoundLines:

@@ -47,6 +47,8 @@ class Placement:
     store_is_served: bool = False
     """The launcher already serves the store at the rendezvous address (torchrun's agent
     does, ``TORCHELASTIC_USE_AGENT_STORE``); else rank 0 serves it."""
+    local_world: int = 0
+    """The site's ranks on this host (0: the launcher does not say): HSDP's shard group."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world:
@@ -94,6 +96,7 @@ def _slurm(env: Mapping[str, str]) -> Placement:
         port = _int(env, "MASTER_PORT")
     else:
         port = SLURM_PORT_BASE + _int(env, "SLURM_JOB_ID") % SLURM_PORT_SPAN
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
     return Placement(
         launcher="slurm",
         rank=rank,
@@ -102,6 +105,7 @@ def _slurm(env: Mapping[str, str]) -> Placement:
         master_addr=host,
         master_port=port,
         single_host=num_nodes.strip() == "1",
+        local_world=_leading_int(per_node),
     )
 
 
@@ -117,7 +121,14 @@ def _torchrun(env: Mapping[str, str]) -> Placement:
         master_port=_int(env, "MASTER_PORT"),
         single_host=local_world == world,
         store_is_served=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        local_world=local_world,
     )
+
+
+def _leading_int(text: str) -> int:
+    """Slurm's tasks per node, ``8(x2)`` or ``8,4``: the first node's (0: none said)."""
+    digits = re.match(r"\s*(\d+)", text)
+    return int(digits.group(1)) if digits else 0
 
 
 def _int(env: Mapping[str, str], name: str) -> int:

@@ -11,6 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from skyfed.agent.config import AgentConfig
+from skyfed.agent.trainer import check_batch
 from skyfed.tasks import load_task
 from skyfed.tasks.base import tp_plan_of
 from skyfed.tasks.plans import check as check_plan
@@ -31,6 +32,9 @@ def check(config: AgentConfig) -> None:
     task = load_task(config.task)  # TaskLoadError (a ValueError) says what is missing
     if config.tp > 1:
         check_plan(task.build_model(config.seed), tp_plan_of(task), config.tp)
+    check_batch(task.batch_size(), config.dp)
+    if config.state_dir is not None and config.state_dir.exists() and not config.state_dir.is_dir():
+        raise ValueError(f"--state-dir {config.state_dir} is not a directory")
 
 
 def check_key_pair(config: AgentConfig) -> None:

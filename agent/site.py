@@ -4,25 +4,36 @@ The daemon (the gRPC session) lives on rank 0 only. Each public method of :class
 is one SPMD step: on rank 0 it first broadcasts the step's name and its small arguments
 over the control group, then runs the step (``self._lead(self._train)``); ranks 1.. sit
 in :meth:`Site.follow` and run the same step with the same arguments. Collectives inside
-a step (TP forward/backward, the gather of compressed payloads, the all-gather of weights
-for the digest) therefore always line up. With one rank (``Solo``) nothing is broadcast and nothing is gathered.
+a step (TP forward/backward, FSDP2's gathers, the gather of compressed payloads, the
+all-gather of weights for the digest) therefore always line up. With one rank (``Solo``)
+nothing is broadcast and nothing is gathered.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from skyfed import failpoints
+from skyfed.agent import failure, state
+from skyfed.agent.gpus import GpuBoard, GpuWatch
 from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.agent.uplink import Uplink
 from skyfed.compression import Codec, decode_payload, rounding_seed
 from skyfed.compression.spec import codec_from_spec
-from skyfed.fingerprint import TensorInfo
+from skyfed.fingerprint import TensorInfo, spec_digest
 from skyfed.wire import Payload
+
+log = logging.getLogger(__name__)
+
+LOST_PEER_WAIT_S = 3.0
+"""How long rank 0, having lost a peer, waits for the reason the failed rank or the
+supervisor gives (``skyfed.agent.failure``) before it gives its own."""
 
 
 class RankGroup(Protocol):
@@ -54,16 +65,33 @@ class Solo:
 
 
 class Site:
-    """What the daemon trains with: the model (maybe sharded), its uplink, its ranks."""
+    """What the daemon trains with: the model (maybe sharded), its uplink, its ranks.
+
+    ``state_dir``: where the site keeps its residuals across restarts (``persist``,
+    ``restore``) and its last failure (``down``); None: nothing is kept.
+    ``gpu_every_steps`` and ``gpu_warn_c``: GPU telemetry (``skyfed.agent.gpus``).
+    """
 
     def __init__(
-        self, trainer: LocalTrainer, group: RankGroup | None = None, *, sender: str = ""
+        self,
+        trainer: LocalTrainer,
+        group: RankGroup | None = None,
+        *,
+        sender: str = "",
+        state_dir: Path | None = None,
+        gpu_every_steps: int = 10,
+        gpu_warn_c: float = 85.0,
     ) -> None:
         self.trainer = trainer
         self.group = group or Solo()
         self.sender = sender
         """The agent's name: with the trainer's seed, it seeds stochastic rounding."""
+        self.state_dir = state_dir
         self.uplink = Uplink(trainer.spec, trainer.shards)
+        self.gpu = GpuWatch(trainer.device, trainer.rank, gpu_every_steps)
+        trainer.after_step = self.gpu.step
+        self.gpus = GpuBoard(gpu_warn_c)
+        """The site's GPUs as rank 0 last heard of them (every round)."""
         self._result: LocalResult | None = None
         self._codec: tuple[int, str, Codec] | None = None
         # The steps by the names rank 0 broadcasts (see :meth:`_lead`), for :meth:`follow`.
@@ -79,6 +107,8 @@ class Site:
                 self._apply,
                 self._load,
                 self._digest,
+                self._persist,
+                self._restore,
             )
         }
 
@@ -86,10 +116,17 @@ class Site:
     def spec(self) -> list[TensorInfo]:
         return self.trainer.spec
 
+    @property
+    def layout(self) -> tuple[int, int]:
+        """``(dp, tp)``: data-parallel replicas, and tensor-parallel ranks in each."""
+        dp = self.trainer.dp
+        return dp, self.group.world // dp
+
     # ---- steps, called on rank 0 ---------------------------------------------------------
 
     def train(self) -> LocalResult:
-        """Local steps; rank 0 gets the loss and cost (its ``delta`` stays with the site)."""
+        """Local steps; rank 0 gets the loss (the mean over the ranks) and cost (its
+        ``delta`` stays with the site)."""
         return self._lead(self._train)
 
     def set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
@@ -177,6 +214,55 @@ class Site:
         """sha256 of the full logical weights (``""`` on ranks other than 0)."""
         return self._lead(self._digest)
 
+    def persist(self, round: int) -> None:
+        """Keep the residuals (every rank's slices, as logical tensors) in the state
+        directory, after ``round`` was applied; nothing without one."""
+        if self.state_dir is not None:
+            self._lead(self._persist, round)
+
+    def restore(self) -> None:
+        """Take the residuals the state directory kept, resharded onto this layout."""
+        if self.state_dir is None:
+            return
+        kept = state.load(self.state_dir, self.spec)
+        if kept is None:
+            return
+        index = {info.name: i for i, info in enumerate(self.spec)}
+        self._lead(self._restore, {index[name]: t for name, t in kept.residuals.items()})
+        dp, tp = self.layout
+        log.info(
+            "[Agent.State] residuals of %d tensors from round %d, resharded onto dp=%d tp=%d",
+            len(kept.residuals),
+            kept.round,
+            dp,
+            tp,
+        )
+
+    def down(self, exc: BaseException) -> str | None:
+        """Rank 0: why the site goes down with ``exc``, said once (``failure``) and kept in
+        the state directory; None for a plain stop (a SIGTERM with no failure behind it)."""
+        store = getattr(self.group, "store", None)
+        dp, tp = self.layout
+        if isinstance(exc, SystemExit | KeyboardInterrupt):
+            reason = failure.announced(store)
+        elif failure.lost_peer(exc):
+            log.debug("[Agent.Site] lost a peer", exc_info=exc)
+            own = f"{failure.where(0, dp, tp)} lost a peer ({failure.one_line(exc)})"
+            reason = (
+                failure.announced(store, LOST_PEER_WAIT_S)
+                or failure.reported(store, self.group.world)
+                or own
+            )
+            reason = failure.announce(store, reason)
+        else:
+            log.debug("[Agent.Site] failed", exc_info=exc)
+            reason = f"{failure.where(0, dp, tp)}: {failure.one_line(exc)}"
+            failure.report(store, 0, reason)
+            reason = failure.announce(store, reason)
+        if reason is not None:
+            failure.keep(self.state_dir, reason)
+        return reason
+
     def stop(self) -> None:
         """Release the other ranks from :meth:`follow`; their processes then exit 0."""
         if self.group.world > 1 and self.group.rank == 0:
@@ -207,8 +293,12 @@ class Site:
     # ---- the steps, on every rank --------------------------------------------------------
 
     def _train(self) -> LocalResult:
-        self._result = self.trainer.train()
-        return self._result
+        result = self._result = self.trainer.train()
+        heard = self.group.gather((result.loss, self.gpu.last))
+        if self.group.rank == 0:
+            result.loss = sum(loss for loss, _ in heard) / len(heard)
+            self.gpus.update([reading for _, reading in heard], self.gpu.why_not)
+        return result
 
     def _set_exchange(self, exchange: str, lr: float, momentum: float) -> None:
         self.trainer.set_exchange(exchange, lr, momentum)
@@ -253,6 +343,16 @@ class Site:
 
     def _digest(self) -> str:
         return self.trainer.digest()
+
+    def _persist(self, round: int) -> None:
+        gathered = self.group.gather(self.uplink.slices())
+        if self.group.rank != 0 or self.state_dir is None:
+            return
+        residuals = state.assemble(self.spec, (s for per_rank in gathered for s in per_rank))
+        state.save(self.state_dir, state.SiteState(round, spec_digest(self.spec), residuals))
+
+    def _restore(self, residuals: dict[int, torch.Tensor]) -> None:
+        self.uplink.restore(residuals, self.trainer.owned)
 
     def _take_delta(self) -> list[torch.Tensor | None]:
         if self._result is None:

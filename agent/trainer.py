@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from skyfed.agent.momentum import MomentumCorrection
 from skyfed.agent.parallelize import (
+    HSDP_DIMS,
+    check_fsdp_dims,
+    data_parallel,
     full_tensor,
+    layout_of,
     local_gradient,
     local_tensor,
     narrow,
     parallelize,
     param_groups,
-    shard_of,
+    quiet_redistribute_warnings,
+    replica_of,
+    resolve_dp_mode,
 )
 from skyfed.compression import Codec, decode_add_payload, decode_payload
 from skyfed.fingerprint import DigestStream, TensorInfo, model_spec, weights_digest
@@ -34,13 +41,17 @@ log = logging.getLogger(__name__)
 class LocalResult:
     """One round of local work: ``delta = start - end`` per local shard, and its cost.
 
-    ``delta[i]`` is None for a tensor this rank does not own (a replicated tensor on a
-    rank other than 0: rank 0 speaks for every copy).
+    ``delta[i]`` is None for a tensor this rank does not own (a slice another rank holds
+    too: one of them speaks for every copy, ``skyfed.agent.parallelize.owns``).
     """
 
     delta: list[torch.Tensor | None]
     loss: float
+    """The mean loss of its local steps; on a multi-rank site, this rank's until the site
+    averages it over its ranks (``Site.train``)."""
     samples: int
+    """The samples the site trained on: local steps x the task's batch, whatever its
+    data-parallel degree (each replica took a slice of each batch)."""
     train_s: float
 
 
@@ -49,8 +60,12 @@ class LocalTrainer:
     federation's weights (``train`` restores them), so every site starts a round
     bit-identical.
 
-    With a ``mesh`` the model is sharded by the task's ``tp_plan()``; every method then
-    works on the local shards, and :meth:`digest` is a collective over the mesh.
+    With a ``mesh`` ("dp", "tp"; ``skyfed.agent.parallelize.build_mesh``) the model is
+    sharded by the task's ``tp_plan()`` on "tp" and replicated on "dp" with FSDP2 or DDP
+    (``dp_mode``); every method then works on the local shards, and :meth:`digest` is a
+    collective over the mesh. Each data-parallel replica trains on its ``1/dp`` slice of
+    every batch of the one stream a site of one rank would read, so the site's step is
+    that site's step (for a mean loss, to float tolerance; docs/sites.md).
     """
 
     def __init__(
@@ -64,27 +79,40 @@ class LocalTrainer:
         mesh: DeviceMesh | None = None,
         device: torch.device | None = None,
         data_seed: int | None = None,
+        dp_mode: str = "auto",
     ) -> None:
         self.task = task
         self.seed = seed
         self.device = device or torch.device("cpu")
         model = task.build_model(seed)
-        named = list(model.named_parameters())
-        self.spec: list[TensorInfo] = model_spec(named)  # logical shapes, before sharding
+        spec = model_spec(list(model.named_parameters()))  # logical shapes, before sharding
         model.to(self.device)
+        self.rank = 0 if mesh is None else mesh.get_rank()
+        self.dp, self.dp_rank = 1, 0
+        self.dp_mode = "none"
+        self.net = model
+        """What a step's forward runs (the DDP wrapper, under DDP); ``model`` holds the
+        parameters."""
         if mesh is not None:
-            parallelize(model, mesh, tp_plan_of(task))
+            self.net = self._parallelize(model, mesh, task, dp_mode)
         self.model = model
-        self.params = [p for _, p in model.named_parameters()]
-        self.shards: list[ShardCoords] = [shard_of(p) for p in self.params]
-        self.rank = 0 if mesh is None else mesh.get_local_rank()
-        self.owned = [self.rank == 0 or s is not None for s in self.shards]
+        named = list(model.named_parameters())  # FSDP2 replaced them by their shards
+        self.params = [p for _, p in named]
+        layout = layout_of(named, self.rank, mesh, spec)
+        self.spec: list[TensorInfo] = layout.spec
+        self.shards: list[ShardCoords] = layout.shards
+        self.owned = layout.owned
         self.optimizer = task.make_optimizer(param_groups(self.params))
         # The data order's seed: ``seed`` unless the site has its own (agent/launch.py).
         self.batches = task.batches(shard, num_shards, seed if data_seed is None else data_seed)
         self.local_steps = local_steps
         self.local_step = 0
         """Local steps done in the current phase (read by the progress line of a long one)."""
+        self.steps_done = 0
+        """Local steps done since the trainer was built."""
+        self.after_step: Callable[[int], None] = lambda steps_done: None
+        """Called after every local step with ``steps_done`` (GPU telemetry reads there)."""
+        check_batch(task.batch_size(), self.dp)
         # Gradient exchange (set_exchange): the step to send comes from here, not from the
         # task's optimizer.
         self.momentum: MomentumCorrection | None = None
@@ -96,6 +124,27 @@ class LocalTrainer:
         self._known: str | None = None
         # An aggregate being applied one payload at a time (start_apply .. finish_apply).
         self._applying: _Applying | None = None
+
+    def _parallelize(
+        self, model: nn.Module, mesh: DeviceMesh, task: Task, dp_mode: str
+    ) -> nn.Module:
+        """TP by the task's plan on "tp" (on a mesh of one rank too: a CUDA site's path),
+        then data parallelism on "dp"; the module to run forward on."""
+        self.dp, self.dp_rank = replica_of(mesh)
+        if mesh["tp"].size() > 1 or self.dp == 1:
+            parallelize(model, mesh, tp_plan_of(task))
+        if self.dp == 1:
+            return model
+        hsdp = HSDP_DIMS[0] in (mesh.mesh_dim_names or ())
+        self.dp_mode = "hsdp" if hsdp else resolve_dp_mode(dp_mode, model, self.dp, self.device)
+        if self.dp_mode in ("fsdp", "hsdp"):
+            check_fsdp_dims(model, mesh[HSDP_DIMS[1]].size() if hsdp else self.dp)
+            quiet_redistribute_warnings()
+        return data_parallel(model, mesh, self.dp_mode)
+
+    def _batch(self) -> Any:
+        """This replica's slice of the site's next batch, on the device."""
+        return to_device(dp_slice(next(self.batches), self.dp_rank, self.dp), self.device)
 
     def train(self) -> LocalResult:
         if self.momentum is not None:  # the weights do not move: a digest begun stays valid
@@ -109,9 +158,9 @@ class LocalTrainer:
         self._digest = self._known = None
         start = [local_tensor(p).detach().clone() for p in self.params]
         losses = []
-        self.model.train()
+        self.net.train()
         for step in range(1, self.local_steps + 1):
-            loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
+            loss = self.task.loss(self.net, self._batch())
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if begun is not None:
@@ -119,6 +168,8 @@ class LocalTrainer:
             self.optimizer.step()
             losses.append(float(loss.detach()))
             self.local_step = step
+            self.steps_done += 1
+            self.after_step(self.steps_done)
         with torch.no_grad():
             delta = [
                 _restore(p, s, owned)
@@ -136,10 +187,10 @@ class LocalTrainer:
         ``delta`` is the momentum-SGD step ``lr * u``; the weights do not move here."""
         started = time.perf_counter()
         losses = []
-        self.model.train()
+        self.net.train()
         self.optimizer.zero_grad(set_to_none=True)
         for _ in range(self.local_steps):
-            loss = self.task.loss(self.model, to_device(next(self.batches), self.device))
+            loss = self.task.loss(self.net, self._batch())
             (loss / self.local_steps).backward()
             losses.append(float(loss.detach()))
         local = [local_gradient(p) for p in self.params]  # every rank, every tensor
@@ -194,7 +245,10 @@ class LocalTrainer:
         """Begin :meth:`apply_encoded` one payload at a time, as each arrives
         (:meth:`apply_payload`, in any order), ended by :meth:`finish_apply`."""
         self._changing()
+        # Rank 0 of a CPU site whose tensors are whole on it (one rank, or DDP): it can
+        # hash each tensor as it lands; elsewhere the digest is a gather (digest()).
         solo = all(s is None for s in self.shards) and self.device.type == "cpu"
+        solo = solo and self.rank == 0
         self._applying = _Applying(DigestStream() if solo else None, [False] * len(self.params))
 
     @torch.no_grad()
@@ -307,6 +361,36 @@ def _restore(param: torch.Tensor, start: torch.Tensor, owned: bool) -> torch.Ten
         delta = (start - local).cpu() if owned else None
     local.copy_(start)
     return delta
+
+
+def check_batch(batch: int, dp: int) -> None:
+    """A data-parallel site splits each batch evenly over its replicas (the mean of equal
+    slices' gradients is the whole batch's): ValueError where ``dp`` does not divide it."""
+    if dp > 1 and batch % dp:
+        raise ValueError(
+            f"dp={dp} does not divide the task's batch of {batch} samples: each replica "
+            "takes an equal slice of every batch (choose a dp that divides it)"
+        )
+
+
+def dp_slice(batch: Any, index: int, count: int) -> Any:
+    """Replica ``index`` of ``count``'s slice of ``batch``: every tensor in it (tuples,
+    lists, dicts nest) cut along its first dimension into ``count`` equal parts; a
+    0-d tensor or another object goes whole."""
+    if count == 1:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0:
+            return batch
+        part = batch.shape[0] // count
+        return batch.narrow(0, index * part, part)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(dp_slice(b, index, count) for b in batch))
+    if isinstance(batch, tuple | list):
+        return type(batch)(dp_slice(b, index, count) for b in batch)
+    if isinstance(batch, dict):
+        return {k: dp_slice(v, index, count) for k, v in batch.items()}
+    return batch
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

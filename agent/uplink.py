@@ -91,3 +91,26 @@ class Uplink:
                 decode_add_payload(data, residuals[key])  # e += D(c), in place
             else:
                 residuals[key] = decode_payload(data, shape=self.shapes[key])
+
+    def slices(self) -> list[tuple[int, ShardCoords, torch.Tensor]]:
+        """This rank's residuals as (tensor index, slice, values): what a site's state file
+        gathers into logical tensors (``skyfed.agent.state``)."""
+        index = {key: i for i, key in enumerate(self.keys)}
+        return [
+            (index[key], self.shards[index[key]], residual)
+            for key, residual in self.feedback.residuals.items()
+            if key in index
+        ]
+
+    def restore(self, logical: dict[int, torch.Tensor], owned: list[bool]) -> int:
+        """Take this rank's slices of whole logical residuals (by tensor index) for the
+        slices it owns; returns how many it took."""
+        taken = 0
+        for i, full in logical.items():
+            shard = self.shards[i]
+            if not owned[i] or (shard is not None and shard[2] == 0):
+                continue
+            part = full if shard is None else full.narrow(shard[0], shard[1], shard[2])
+            self.feedback.residuals[self.keys[i]] = part.clone()
+            taken += 1
+        return taken

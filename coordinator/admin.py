@@ -142,8 +142,11 @@ def agents_table(snap: Snapshot) -> Table:
         )
     table.caption = (
         "rtt in ms; sw: codec switches; N: TCP connections/changes of N; Mb/s: goodput; "
-        "bN: blocks of N; jitter, refusals, codec parameters, local steps: --json"
+        "bN: blocks of N; jitter, refusals, codec parameters, local steps, layouts: --json"
     )
+    errors = [f"{a['name']}: {a['last_error']}" for a in snap["agents"] if a.get("last_error")]
+    if errors:  # why a site went down (docs/sites.md): what an operator looks for first
+        table.caption += "\nlast error  " + "\nlast error  ".join(errors)
     return table
 
 

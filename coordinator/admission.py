@@ -57,6 +57,9 @@ class Admission:
         """The members' live sessions, by identity URI."""
         self.revoked: dict[str, Session] = {}
         """Sessions ended by revocation, kept for status (state ``revoked``)."""
+        self.down: dict[str, Session] = {}
+        """Sites that went down saying why (``Leave``), kept for status (state ``down``,
+        their ``last_error``) until they are back."""
 
     def check(self, session: Session, hello: Hello) -> None:
         """Raise unless ``hello`` agrees with the session's certificate and the model."""
@@ -105,6 +108,13 @@ class Admission:
                 session.agent_cc = CongestionControl(name=hello.congestion_control, source="agent")
             fed.links.open(session, fed.model.round)
             session.tp = max(1, hello.tp)
+            session.dp = hello.dp
+            was_down = self.down.pop(session.key, None)
+            session.last_error = hello.last_error or (was_down.last_error if was_down else "")
+            if hello.last_error:
+                log.warning(
+                    "[Coordinator.Join] agent=%s last stopped: %s", session.key, hello.last_error
+                )
             self._offer_stripes(session, hello)
             behind = (
                 fed.rounds.finished  # the final weights follow, and tell it to stop
@@ -121,13 +131,14 @@ class Admission:
                 fed.rounds.final_delivered.add(session.key)
             session.state = "idle"
             log.info(
-                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s tp=%d "
-                "local_steps=%d cc=%s agent_cc=%s",
+                "[Coordinator.Join] agent=%s round=%d resync=%s codec=%s params=%s dp=%d "
+                "tp=%d local_steps=%d cc=%s agent_cc=%s",
                 session.identity.uri,
                 fed.model.round,
                 behind,
                 session.codec,
                 fed.links.codec_params(session, fed.model.round) or "{}",
+                session.dp,
                 session.tp,
                 session.local_steps,
                 session.cc.name if session.cc else "unknown",
@@ -231,6 +242,16 @@ class Admission:
                 del self.sessions[session.key]
                 log.info("[Coordinator.Leave] agent=%s round=%d", session.key, fed.model.round)
             fed.cond.notify_all()
+
+    def left(self, session: Session, reason: str) -> None:
+        """The site says it goes down, and why: it leaves now, and status shows it as
+        ``down`` with ``reason`` until it is back (docs/sites.md)."""
+        log.warning("[Coordinator.Leave] agent=%s down: %s", session.key, reason)
+        self.leave(session)
+        with self.fed.cond:
+            session.state, session.last_error = "down", reason
+            self.down[session.key] = session
+        session.close()  # what is queued goes, then the stream ends: the site is gone
 
     def revoke(self, session: Session, reason: str) -> None:
         """End a revoked identity's stream: its contribution in flight is withdrawn, status

@@ -27,7 +27,15 @@ from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
-from skyfed.wire import AgentMessage, Announce, Chunk, ContributionEnd, Heartbeat, Hello
+from skyfed.wire import (
+    AgentMessage,
+    Announce,
+    Chunk,
+    ContributionEnd,
+    Heartbeat,
+    Hello,
+    Leave,
+)
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +229,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             fed.intake.chunk(session, message)
         elif isinstance(message, ContributionEnd):
             fed.intake.end(session, message)
+        elif isinstance(message, Leave):
+            fed.admission.left(session, message.reason)
         elif isinstance(message, Heartbeat):
             fed.links.heartbeat(session, message)
             session.outbox.acked(message.received)

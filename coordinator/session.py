@@ -35,6 +35,10 @@ class Session:
     """The agent's link (kept across its sessions): its monitor, policy and codec."""
     codecs: frozenset[str] = frozenset()
     tp: int = 1
+    dp: int = 0
+    """Its site's data-parallel replicas, from the hello (0: an agent from before the field)."""
+    last_error: str = ""
+    """Why its site last went down (its ``Leave``, or its next hello), "" if none heard."""
     local_steps: int = 0
     """Its agent's local steps per round, from the hello (0: an agent from before the
     field): the link policy's long-phase rule reads it."""

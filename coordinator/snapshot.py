@@ -23,10 +23,17 @@ def run_wall_s(rounds: Sequence[Mapping[str, Any]]) -> float:
 
 
 def waiting_for(snap: dict[str, Any]) -> str:
-    """Why no round runs yet ("waiting for 3 agents, 2 connected: aws-1, gcp-1"), or ""."""
+    """Why no round runs yet ("waiting for 3 agents, 2 connected: aws-1, gcp-1; azure-1
+    down: rank 3 (dp 1, tp 1) on host-b killed by SIGKILL"), or ""."""
     needed = int(snap.get("min_agents", 1))
-    names = sorted(a["name"] for a in snap.get("agents", ()) if a.get("state") != "disconnected")
+    agents = snap.get("agents", ())
+    names = sorted(a["name"] for a in agents if a.get("state") not in ("disconnected", "down"))
     if snap.get("rounds") or snap.get("finished") or len(names) >= needed:
         return ""
     connected = f": {', '.join(names)}" if names else ""
-    return f"waiting for {needed} agents, {len(names)} connected{connected}"
+    down = "".join(
+        f"; {a['name']} down: {a.get('last_error', '')}"
+        for a in sorted(agents, key=lambda a: a["name"])
+        if a.get("state") == "down"
+    )
+    return f"waiting for {needed} agents, {len(names)} connected{connected}{down}"

@@ -45,7 +45,8 @@ class AgentStatus:
     cloud: str
     name: str
     state: str
-    """syncing | idle | sending | disconnected | revoked (its certificate was revoked)."""
+    """syncing | idle | sending | disconnected | revoked (its certificate was revoked) |
+    down (it left saying why: ``last_error``)."""
     last_round: int
     codec: str
     rtt_ms: float
@@ -73,6 +74,11 @@ class AgentStatus:
     defaults): the long-phase rule's EC-SGD blocks show here (docs/compression.md)."""
     local_steps: int = 0
     """Local steps per round its hello reported (0: an agent from before the field)."""
+    dp: int = 0
+    """Its site's data-parallel replicas (0: not said); ``tp`` ranks each."""
+    tp: int = 1
+    last_error: str = ""
+    """Why its site last went down, as it said (docs/sites.md); "" if it never failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,17 +178,19 @@ def build_status(fed: Federation, windows: bool = False, departed: bool = False)
     ``departed`` the last round's members that have left since (``Federation.status``)."""
     now = time.monotonic()
     sessions, revoked = fed.admission.sessions, fed.admission.revoked
+    down = fed.admission.down
     rounds = fed.rounds
     gone = [
         s
         for s in (rounds.closed_with if departed else ())
-        if s.key not in sessions and s.key not in revoked
+        if s.key not in sessions and s.key not in revoked and s.key not in down
     ]
     return Status(
         round=fed.model.round,
         agents=[_agent(fed, s, now, windows) for s in sessions.values()]
         + [_agent(fed, s, now, False) for k, s in revoked.items() if k not in sessions]
-        + [_agent(fed, s, now, False) for s in gone],
+        + [_agent(fed, s, now, False) for s in gone]
+        + [_agent(fed, s, now, False) for k, s in down.items() if k not in sessions],
         weights_digest=fed.model.weights_digest,
         uptime_s=now - fed.started_at,
         rounds=[replace(r, links=list(r.links)) for r in rounds.history],
@@ -222,6 +230,9 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         efficiency=s.efficiency,
         codec_params=fed.links.codec_params(s, fed.model.round),
         local_steps=s.local_steps,
+        dp=s.dp,
+        tp=s.tp,
+        last_error=s.last_error,
     )
 
 

@@ -28,7 +28,7 @@ class Shard(_message.Message):
     def __init__(self, dim: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps", "frame_version", "congestion_control")
+    __slots__ = ("cloud", "name", "task", "tensors", "tp", "codecs", "last_round", "weights_digest", "exchanges", "max_streams", "local_steps", "frame_version", "congestion_control", "dp", "last_error")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class Hello(_message.Message):
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     FRAME_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONGESTION_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     task: str
@@ -55,7 +57,15 @@ class Hello(_message.Message):
     local_steps: int
     frame_version: int
     congestion_control: str
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ..., frame_version: _Optional[int] = ..., congestion_control: _Optional[str] = ...) -> None: ...
+    dp: int
+    last_error: str
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., task: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., tp: _Optional[int] = ..., codecs: _Optional[_Iterable[str]] = ..., last_round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., exchanges: _Optional[_Iterable[str]] = ..., max_streams: _Optional[int] = ..., local_steps: _Optional[int] = ..., frame_version: _Optional[int] = ..., congestion_control: _Optional[str] = ..., dp: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class Leave(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams", "frame_version", "term")
@@ -250,13 +260,14 @@ class StripeJoin(_message.Message):
     def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "contribution", "chunk", "heartbeat", "stripe_join", "contribution_end", "order")
+    __slots__ = ("hello", "contribution", "chunk", "heartbeat", "stripe_join", "contribution_end", "leave", "order")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     STRIPE_JOIN_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTION_END_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     contribution: Contribution
@@ -264,8 +275,9 @@ class AgentMessage(_message.Message):
     heartbeat: Heartbeat
     stripe_join: StripeJoin
     contribution_end: ContributionEnd
+    leave: Leave
     order: int
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., stripe_join: _Optional[_Union[StripeJoin, _Mapping]] = ..., contribution_end: _Optional[_Union[ContributionEnd, _Mapping]] = ..., order: _Optional[int] = ...) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., contribution: _Optional[_Union[Contribution, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., stripe_join: _Optional[_Union[StripeJoin, _Mapping]] = ..., contribution_end: _Optional[_Union[ContributionEnd, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., order: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("welcome", "chunk", "receipt", "round_end", "weights_end", "heartbeat", "order")
@@ -308,7 +320,7 @@ class LinkWindow(_message.Message):
     def __init__(self, start_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., probes: _Optional[int] = ..., probes_lost: _Optional[int] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency", "codec_params", "local_steps")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency", "codec_params", "local_steps", "dp", "tp", "last_error")
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +343,9 @@ class AgentStatus(_message.Message):
     EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
     CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -353,7 +368,10 @@ class AgentStatus(_message.Message):
     efficiency: LinkEfficiency
     codec_params: str
     local_steps: int
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ..., codec_params: _Optional[str] = ..., local_steps: _Optional[int] = ...) -> None: ...
+    dp: int
+    tp: int
+    last_error: str
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ..., codec_params: _Optional[str] = ..., local_steps: _Optional[int] = ..., dp: _Optional[int] = ..., tp: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class LinkEfficiency(_message.Message):
     __slots__ = ("round", "cloud", "name", "exchange_s", "floor_s", "ratio", "rtt_ms", "rate_mbit", "goodput_mbit", "streams", "limit")

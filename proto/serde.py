@@ -43,6 +43,7 @@ from skyfed.wire import (
     Heartbeat,
     Hello,
     LeaderMessage,
+    Leave,
     ProbeOffer,
     Receipt,
     ReplicaAck,
@@ -116,6 +117,8 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
         return pb.AgentMessage(contribution=_to_proto(pb.Contribution, m, timing=timing))
     if isinstance(m, ContributionEnd):
         return pb.AgentMessage(contribution_end=_to_proto(pb.ContributionEnd, m))
+    if isinstance(m, Leave):
+        return pb.AgentMessage(leave=_to_proto(pb.Leave, m))
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
 
 
@@ -152,6 +155,8 @@ def _agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
         return _from_proto(Announce, c, timing=timing)
     if kind == "contribution_end":
         return _from_proto(ContributionEnd, m.contribution_end)
+    if kind == "leave":
+        return _from_proto(Leave, m.leave)
     if kind == "hello":
         h = m.hello
         return _from_proto(

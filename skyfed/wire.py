@@ -114,6 +114,20 @@ class Hello:
     congestion_control: str = ""
     """Its TCP congestion control toward the coordinator (``bbr``; "": not said, an agent
     from before the field); the N policy reads it (``coordinator/streams.py``)."""
+    dp: int = 0
+    """Its data-parallel replicas (0: not said, an agent from before the field); ``tp``
+    is the tensor-parallel ranks of each (docs/sites.md)."""
+    last_error: str = ""
+    """Why the site last stopped, if it failed and could not say so then (one printable
+    line; "": nothing to tell)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The site goes down, and why (one printable line): a rank failed. The coordinator's
+    status shows it until the site is back (docs/sites.md)."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +180,7 @@ class Heartbeat:
     """Striped sessions: every position up to this one has arrived (proto/stripes.py)."""
 
 
-AgentMessage = Hello | Announce | Chunk | Heartbeat | ContributionEnd
+AgentMessage = Hello | Announce | Chunk | Heartbeat | ContributionEnd | Leave
 
 # ---- coordinator to agent ------------------------------------------------------------------
 
@@ -351,6 +365,8 @@ MAX_TENSORS = 1 << 17
 MAX_DIMS = 8
 MAX_DIM = 1 << 40
 MAX_TP = 4096
+MAX_ERROR = 512
+"""Characters of a site's failure reason (``Hello.last_error``, ``Leave.reason``)."""
 MAX_CHUNKS = 1 << 24
 """Chunks of one contribution (16 TB at the 1 MiB default chunk)."""
 MAX_LIST = 16
@@ -397,6 +413,8 @@ def _check_hello(m: Hello) -> None:
     _free_text("hello.task", m.task)
     _text("hello.weights_digest", m.weights_digest, 128)
     _int_in("hello.tp", m.tp, 0, MAX_TP)
+    _int_in("hello.dp", m.dp, 0, MAX_TP)
+    _free_text("hello.last_error", m.last_error, MAX_ERROR)
     _int_in("hello.last_round", m.last_round, -1, MAX_ROUND)
     _int_in("hello.local_steps", m.local_steps, 0, MAX_LOCAL_STEPS)
     _text("hello.congestion_control", m.congestion_control, 32)
@@ -409,6 +427,10 @@ def _check_hello(m: Hello) -> None:
         _bound(len(t.shape) <= MAX_DIMS, "hello.tensors.shape", t.shape, f"<= {MAX_DIMS} dims")
         for d in t.shape:
             _int_in("hello.tensors.shape", d, 0, MAX_DIM)
+
+
+def _check_leave(m: Leave) -> None:
+    _free_text("leave.reason", m.reason, MAX_ERROR)
 
 
 def _check_announce(m: Announce) -> None:
@@ -534,6 +556,7 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     Chunk: _check_chunk,
     Heartbeat: _check_heartbeat,
     ContributionEnd: _check_contribution_end,
+    Leave: _check_leave,
 }
 
 

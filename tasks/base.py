@@ -45,7 +45,9 @@ class Task(Protocol):
         """An endless, deterministic stream of training batches from one shard.
 
         Yield CPU tensors (or tuples, lists, dicts of them); the agent moves each batch to
-        the rank's device. Every TP rank of a site reads the same stream.
+        the rank's device. Every rank of a site reads the same stream; on a site of ``dp``
+        data-parallel replicas, replica ``i`` trains on the ``i``-th of ``dp`` equal slices
+        of each batch, every tensor in it cut along its first dimension (docs/sites.md).
         """
         ...
 
@@ -63,7 +65,9 @@ class Task(Protocol):
         ...
 
     def batch_size(self) -> int:
-        """Samples per batch: the weight of a site's contribution in the mean."""
+        """Samples per batch, the site's per local step whatever its data-parallel degree
+        (which must divide it): with the local steps, the weight of a site's contribution
+        in the mean."""
         ...
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -35,17 +36,14 @@ class Browser:
             raise FileNotFoundError(f"{CHROMIUM} is missing (Debian package chromium)")
         to_child, self._write = os.pipe()
         self._read, from_child = os.pipe()
-        # The child's fds 3 and 4 must be exactly these pipe ends.
-        os.dup2(to_child, 103)
-        os.dup2(from_child, 104)
         self.proc = subprocess.Popen(
             [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
             pass_fds=(3, 4),  # kept open after _map_fds put the pipes there
-            preexec_fn=_map_fds,
+            preexec_fn=lambda: _map_fds(to_child, from_child),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for fd in (to_child, from_child, 103, 104):
+        for fd in (to_child, from_child):
             os.close(fd)
         self._buffer = b""
         self._next_id = 0
@@ -133,6 +131,11 @@ class Browser:
         os.close(self._read)
 
 
-def _map_fds() -> None:
-    os.dup2(103, 3)
-    os.dup2(104, 4)
+def _map_fds(to_child: int, from_child: int) -> None:
+    """In the child, before it closes what it does not keep: the pipe ends become fds 3
+    and 4, as Chromium's ``--remote-debugging-pipe`` wants. Both are first copied above
+    both targets, so neither is overwritten before it is copied; nothing is done in the
+    parent, where another thread could be using any fixed descriptor number."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_child, from_child)]
+    os.dup2(high[0], 3)
+    os.dup2(high[1], 4)

@@ -2,7 +2,9 @@
 
 The snapshot is plain data: ``name``, ``cloud``, ``connected`` (in a session now),
 ``round`` (last applied), ``rounds_applied``, ``loss``, ``bytes_up``, ``bytes_down``,
-``codec`` (see ``skyfed.agent.launch``).
+``codec``, ``dp`` and ``tp`` (the site's layout), ``gpus`` (the latest NVML reading of each
+rank's GPU, ``skyfed.agent.gpus.GpuReading`` as a dict; none: no GPU series) (see
+``skyfed.agent.observe``).
 """
 
 from __future__ import annotations
@@ -41,4 +43,23 @@ class AgentCollector(Collector):
         codec = str(snap.get("codec", "")).split(":", 1)[0]
         for each in codec_names():
             out.add("skyfed_agent_codec", float(each == codec), each)
+        dp, tp = int(snap.get("dp", 1)), int(snap.get("tp", 1))
+        out.add("skyfed_agent_site_ranks", dp * tp, str(dp), str(tp))
+        for gpu in snap.get("gpus", ()):
+            _gpu(out, gpu)
         return iter(out)
+
+
+GPU_SERIES = {
+    "skyfed_agent_gpu_utilization_ratio": "utilization",
+    "skyfed_agent_gpu_memory_used_bytes": "memory_used_bytes",
+    "skyfed_agent_gpu_memory_total_bytes": "memory_total_bytes",
+    "skyfed_agent_gpu_temperature_celsius": "temperature_c",
+    "skyfed_agent_gpu_power_watts": "power_w",
+}
+
+
+def _gpu(out: Families, gpu: Mapping[str, Any]) -> None:
+    labels = (str(gpu["rank"]), str(gpu["host"]), str(gpu["index"]))
+    for name, key in GPU_SERIES.items():
+        out.add(name, float(gpu[key]), *labels)

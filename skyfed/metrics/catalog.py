@@ -82,6 +82,12 @@ METRICS: tuple[Metric, ...] = (
     _a("skyfed_agent_training_loss", GAUGE, "Training loss of the agent's last local round."),
     _a("skyfed_agent_bytes_total", COUNTER, "Chunk bytes this agent sent (up) and received (down).", "direction"),
     _a("skyfed_agent_codec", GAUGE, "1 for the codec the agent's uploads use now.", "codec"),
+    _a("skyfed_agent_site_ranks", GAUGE, "The site's ranks, dp x tp; labels say its layout.", "dp", "tp"),
+    _a("skyfed_agent_gpu_utilization_ratio", GAUGE, "Share of the last sample period a kernel ran on the GPU, 0..1 (NVML).", "rank", "host", "gpu"),
+    _a("skyfed_agent_gpu_memory_used_bytes", GAUGE, "GPU memory in use (NVML).", "rank", "host", "gpu"),
+    _a("skyfed_agent_gpu_memory_total_bytes", GAUGE, "GPU memory in all (NVML).", "rank", "host", "gpu"),
+    _a("skyfed_agent_gpu_temperature_celsius", GAUGE, "GPU core temperature (NVML); the agent warns past gpu_warn_c.", "rank", "host", "gpu"),
+    _a("skyfed_agent_gpu_power_watts", GAUGE, "GPU power draw (NVML).", "rank", "host", "gpu"),
 )  # fmt: skip
 
 BY_NAME = {m.name: m for m in METRICS}

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.observe import RoundLines
+from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
 from skyfed.tasks import load_task
 
@@ -26,7 +27,7 @@ def test_a_long_local_phase_prints_its_local_step_between_rounds(pki):
         bytes_up=0,
         bytes_down=0,
         codec="fp32",
-        site=SimpleNamespace(trainer=trainer),
+        site=Site(trainer),
     )
     lines: list[str] = []
     say = RoundLines(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,20 +15,36 @@ from skyfed.procs import Children
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = Path(__file__).with_name("tp_worker.py")
+WORKER = Path(__file__).with_name("site_worker.py")
 
 
 def run_site(
-    kids: Children, task: str, out: Path, world: int = 2, exchange: str = "delta"
+    kids: Children,
+    task: str,
+    out: Path,
+    world: int = 2,
+    exchange: str = "delta",
+    *,
+    dp: int = 1,
+    mode: str = "auto",
 ) -> list[dict]:
+    """Every rank's record of a ``dp x (world / dp)`` site run by ``site_worker.py``."""
+    run_ranks(kids, WORKER, world, lambda port: [world, dp, mode, port, task, out, exchange])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def run_ranks(
+    kids: Children, worker: Path, world: int, args: Callable[[int], list], tag: str = "rank"
+) -> None:
+    """``python WORKER RANK *args(store port)`` for every rank, on a store this process
+    serves; each must exit 0."""
     store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
     for rank in range(world):
-        argv = [sys.executable, WORKER, rank, world, store.port, task, out, exchange]
-        kids.start(f"rank{rank}", [str(a) for a in argv])
+        argv = [sys.executable, worker, rank, *args(store.port)]
+        kids.start(f"{tag}{rank}", [str(a) for a in argv])
     for rank in range(world):
-        code = kids.procs[f"rank{rank}"].wait(timeout=120)
-        assert code == 0, f"rank {rank} exited {code}:\n{kids.log(f'rank{rank}')[-3000:]}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+        code = kids.procs[f"{tag}{rank}"].wait(timeout=120)
+        assert code == 0, f"rank {rank} exited {code}:\n{kids.log(f'{tag}{rank}')[-3000:]}"
 
 
 @pytest.fixture(scope="module")

@@ -57,8 +57,9 @@ def join(
     name: str,
     codecs: tuple[str, ...] = ("fp32",),
     exchanges: tuple[str, ...] = (),
+    last_error: str = "",
 ) -> pb.Welcome:
-    agent.send(hello=hello(cloud, name, codecs, exchanges))
+    agent.send(hello=hello(cloud, name, codecs, exchanges, last_error=last_error))
     return agent.expect("welcome").welcome
 
 

@@ -75,3 +75,62 @@ def test_a_member_that_left_after_the_round_closed_is_still_in_the_observers_sta
     assert set(observed) == {"aws-1", "gcp-1"}
     assert observed["gcp-1"].state == "disconnected"
     assert observed["gcp-1"].bytes_up > 0 and observed["gcp-1"].last_round == 0
+
+
+def test_a_site_that_leaves_saying_why_is_down_in_status_with_its_reason(serve, raw_agent, pki):
+    from skyfed.coordinator.snapshot import to_data, waiting_for
+
+    running = serve(min_agents=2, probe_port=-1)
+    join(raw_agent(running.port, "aws-1"), "aws", "aws-1")
+    gcp = raw_agent(running.port, "gcp-1")
+    join(gcp, "gcp", "gcp-1")
+    reason = "rank 3 (dp 1, tp 1) on node-b killed by SIGKILL"
+    gcp.send(leave=pb.Leave(reason=reason))
+    fed = running.federation
+    deadline = time.monotonic() + 10
+    while "down" not in {a.state for a in fed.status().agents}:
+        assert time.monotonic() < deadline, "the site never showed as down"
+        time.sleep(0.05)
+    status = fetch_status(f"localhost:{running.port}", pki.directory, "coordinator")
+    (down,) = [a for a in status.agents if a.name == "gcp-1"]
+    assert (down.state, down.last_error) == ("down", reason)
+    assert waiting_for(to_data(fed.status())) == (
+        f"waiting for 2 agents, 1 connected: aws-1; gcp-1 down: {reason}"
+    )
+
+
+def test_a_sites_hello_tells_its_last_error_and_a_rejoin_clears_down(serve, raw_agent):
+    running = serve(probe_port=-1)
+    gcp = raw_agent(running.port, "gcp-1")
+    join(gcp, "gcp", "gcp-1")
+    gcp.send(leave=pb.Leave(reason="rank 1 on node-a: RuntimeError: CUDA error: out of memory"))
+    gcp.ended()
+    again = raw_agent(running.port, "gcp-1")
+    join(again, "gcp", "gcp-1", last_error="rank 2 on node-a killed by SIGTERM")
+    (agent,) = running.federation.status().agents
+    assert (agent.state, agent.last_error) == ("idle", "rank 2 on node-a killed by SIGTERM")
+
+
+def test_a_reason_that_is_not_one_printable_line_is_refused(serve, raw_agent):
+    running = serve(probe_port=-1)
+    gcp = raw_agent(running.port, "gcp-1")
+    join(gcp, "gcp", "gcp-1")
+    gcp.send(leave=pb.Leave(reason="two\nlines"))
+    code, details = gcp.ended()
+    assert code.name == "INVALID_ARGUMENT" and "leave.reason" in details
+
+
+def test_the_agents_table_says_why_a_site_went_down(serve, raw_agent, pki):
+    from rich.console import Console
+
+    from skyfed.coordinator.admin import agents_table, fetch_snapshot
+
+    running = serve(probe_port=-1)
+    gcp = raw_agent(running.port, "gcp-1")
+    join(gcp, "gcp", "gcp-1")
+    gcp.send(leave=pb.Leave(reason="rank 1 (dp 1, tp 0) on node-a killed by SIGKILL"))
+    gcp.ended()
+    snap = fetch_snapshot(f"localhost:{running.port}", pki.directory, "coordinator")
+    console = Console(width=120, record=True)
+    console.print(agents_table(snap))
+    assert "gcp-1: rank 1 (dp 1, tp 0) on node-a killed by SIGKILL" in console.export_text()

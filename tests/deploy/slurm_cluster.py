@@ -4,6 +4,12 @@ Everything lives under one temporary directory (configuration, munge key and soc
 state, spool, logs) and the daemons listen on free ports, so the cluster neither needs
 nor touches /etc/slurm, /etc/munge or a system munged. Client commands find it through
 ``SLURM_CONF`` in :attr:`SlurmCluster.env`.
+
+The node has ``GPUS`` GPUs as Slurm sees them: its ``gpu`` generic resource stands on
+character devices that are not GPUs (``/dev/tty0``...), so Slurm schedules, counts and binds
+them for real (``--gpus-per-node``, ``--gpus-per-task``, ``--gpu-bind``, each task's
+``CUDA_VISIBLE_DEVICES``) while torch finds no CUDA and the ranks train on CPU. Tasks are
+bound to cores (``task/affinity``), so ``--cpu-bind`` and ``--cpus-per-gpu`` hold too.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 from skyfed.procs import terminate
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+GPUS = 2
 READY_TIMEOUT_S = 60.0
 
 
@@ -70,6 +77,8 @@ class SlurmCluster:
         )
         self._wait(sock.exists, "munged's socket")
         self.conf.write_text(self._slurm_conf(sock))
+        devices = ",".join(f"/dev/tty{i}" for i in range(GPUS))
+        (self.root / "gres.conf").write_text(f"Name=gpu File={devices}\n")
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf)])
         self._wait(lambda: self.node_state() == "idle", f"node {self.node} to be idle in sinfo")
@@ -102,6 +111,7 @@ class SlurmCluster:
         root = self.root
         return f"""\
 ClusterName=skyfedtest
+GresTypes=gpu
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
@@ -112,7 +122,7 @@ CredType=cred/munge
 AuthInfo=socket={munge_socket}
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
@@ -126,7 +136,7 @@ SlurmdLogFile={root / "log" / "slurmd.log"}
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} State=UNKNOWN
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={len(os.sched_getaffinity(0))} Gres=gpu:{GPUS} State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 

@@ -68,8 +68,19 @@ def containers(overlay: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     return [(w, c) for w in workloads(overlay) for c in pod_spec(w)["containers"]]
 
 
+TORCHRUN = ["torchrun", "-m", "skyfed.agent"]
+
+
 def argv(container: dict[str, Any]) -> list[str]:
-    return [*container.get("command", []), *container.get("args", [])]
+    """The skyfed command line the container runs (``agent start ...`` also where torchrun
+    starts it once per GPU)."""
+    words = [*container.get("command", []), *container.get("args", [])]
+    return ["agent", *words[len(TORCHRUN) :]] if words[: len(TORCHRUN)] == TORCHRUN else words
+
+
+def env(container: dict[str, Any]) -> dict[str, Any]:
+    """The container's variables: a value, or its ``valueFrom`` source."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
 def flag(container: dict[str, Any], name: str) -> str:
@@ -205,6 +216,8 @@ def test_coordinator_toml_agrees_with_its_pod_and_service(tmp_path):
         assert path is not None and path.is_relative_to(state), f"{path} is not on the volume"
     assert mount(sts, container, "certs")["mountPath"] == str(config.certs)
     for service in of_kind("aws", "Service"):
+        if not service["spec"]["selector"].items() <= pod_labels(sts).items():
+            continue  # another workload's (the multi-node site's rendezvous)
         targets = {p["name"]: (p["targetPort"], p["protocol"]) for p in service["spec"]["ports"]}
         assert targets == {"grpc": ("grpc", "TCP"), "probe": ("probe", "UDP")}
         labels = sts["spec"]["template"]["metadata"]["labels"]
@@ -231,15 +244,66 @@ def test_each_site_has_its_own_name_shard_and_certificates():
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_agent_tp_matches_its_gpu_request(overlay):
+def test_each_sites_layout_fills_its_gpus(overlay):
+    """dp x tp ranks, one per GPU: the pod's GPUs, or the nodes' of a multi-node site, whose
+    TP groups stay within a node."""
     (job,) = of_kind(overlay, "Job")
     (container,) = pod_spec(job)["containers"]
-    tp = int(flag(container, "--tp"))
+    config = build_config(*parse(container, {}))
     resources = container["resources"]
-    assert int(resources["limits"][GPU]) == int(resources["requests"][GPU]) == tp
+    gpus = int(resources["limits"][GPU])
+    assert int(resources["requests"][GPU]) == gpus
+    if container["command"][0] == "torchrun":
+        nodes, per_node = (
+            int(env(container)["PET_NNODES"]),
+            int(env(container)["PET_NPROC_PER_NODE"]),
+        )
+        assert per_node == gpus and per_node % config.tp == 0
+        assert config.dp in (0, nodes * per_node // config.tp)
+    else:
+        assert max(1, config.dp) * config.tp == gpus
     assert flag(container, "--device") == "cuda"
     for name in ("--reconnect-initial-s", "--reconnect-max-s", "--give-up-after-s"):
         float(flag(container, name))
+
+
+def test_a_multi_node_site_is_an_indexed_job_whose_pods_meet_at_pod_0():
+    """aws-1 spans two nodes: one pod each (an indexed Job), torchrun over the pod's GPUs,
+    the rendezvous at pod 0 through a headless Service, and site traffic between the pods
+    let through by a policy that admits the site's pods alone."""
+    (job,) = of_kind("aws", "Job")
+    pod = pod_spec(job)
+    (container,) = pod["containers"]
+    variables = env(container)
+    nodes = int(variables["PET_NNODES"])
+    assert nodes > 1 and job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == nodes
+    annotation = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert variables["PET_NODE_RANK"] == {"fieldRef": {"fieldPath": annotation}}
+    (service,) = [s for s in of_kind("aws", "Service") if s["metadata"]["name"] == pod["subdomain"]]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"].items() <= pod_labels(job).items()
+    name = job["metadata"]["name"]
+    assert variables["PET_MASTER_ADDR"] == f"{name}-0.{service['metadata']['name']}"
+    (port,) = service["spec"]["ports"]
+    assert int(variables["PET_MASTER_PORT"]) == port["port"]
+    assert port_of(container, port["targetPort"]) == port["port"]
+    admits_site = [
+        p
+        for p in of_kind("aws", "NetworkPolicy")
+        if p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(job).items()
+        and any(
+            peer.get("podSelector", {}).get("matchLabels", {}).items() <= pod_labels(job).items()
+            and "podSelector" in peer
+            for rule in p["spec"]["ingress"]
+            for peer in rule.get("from", [])
+        )
+    ]
+    assert admits_site, "nothing lets the site's pods reach each other"
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
 
 
 # ---- security ------------------------------------------------------------------------------

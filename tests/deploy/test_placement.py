@@ -98,12 +98,17 @@ def test_first_host_of_a_slurm_host_list(nodelist, host):
     assert first_host(nodelist) == host
 
 
-def test_tp_follows_the_launcher_and_a_contrary_tp_is_refused(tmp_path):
+def test_the_layout_follows_the_launcher_and_a_contrary_one_is_refused(tmp_path):
     config = AgentConfig(cloud="aws", certs=tmp_path)
-    placement = detect("auto", SRUN)
-    assert placed_config(config, placement).tp == 4
+    placement = detect("auto", SRUN)  # 4 tasks
+    assert (placed_config(config, placement).dp, placed_config(config, placement).tp) == (4, 1)
     config.tp = 2
-    with pytest.raises(ValueError, match="tp=2 disagrees with slurm's 4 tasks"):
+    assert (placed_config(config, placement).dp, placed_config(config, placement).tp) == (2, 2)
+    config.tp = 3
+    with pytest.raises(ValueError, match="tp=3 does not divide slurm's 4 tasks"):
+        placed_config(config, placement)
+    config.dp, config.tp = 2, 1
+    with pytest.raises(ValueError, match="dp=2 x tp=1 = 2 ranks disagree with slurm's 4 tasks"):
         placed_config(config, placement)
 
 
@@ -117,7 +122,8 @@ def test_a_rank_takes_the_gpu_of_its_local_rank_or_the_one_bound_to_it():
 @pytest.mark.parametrize(
     ("flags", "env", "message"),
     [
-        (["--tp", "2"], SRUN, "tp=2 disagrees with slurm's 4 tasks"),
+        (["--tp", "3"], SRUN, "tp=3 does not divide slurm's 4 tasks"),
+        (["--dp", "3", "--tp", "2"], SRUN, "dp=3 x tp=2 = 6 ranks disagree with slurm's"),
         (["--launcher", "slurm"], {}, "not inside an srun step"),
     ],
 )
@@ -126,3 +132,19 @@ def test_agent_start_refuses_a_launch_that_cannot_form_its_site(pki, flags, env,
     result = CliRunner().invoke(agent_cli, argv, env=env)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_hsdp_shards_within_a_node_by_default_and_a_group_must_divide_the_replicas(tmp_path):
+    """Two nodes of four tasks (Slurm says "4(x2)"), TP 2: 4 replicas, 2 on each node, which
+    are HSDP's shard groups unless dp_shard says otherwise."""
+    env = {**SRUN, "SLURM_NTASKS": "8", "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}
+    placement = detect("auto", env)
+    assert placement.local_world == 4
+    config = AgentConfig(cloud="aws", certs=tmp_path, tp=2, dp_mode="hsdp")
+    placed = placed_config(config, placement)
+    assert (placed.dp, placed.tp, placed.dp_shard) == (4, 2, 2)
+    config.dp_shard = 3
+    with pytest.raises(ValueError, match="dp_shard=3 does not divide dp=4"):
+        placed_config(config, placement)
+    torchrun = {**TORCHRUN, "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    assert detect("auto", torchrun).local_world == 4

@@ -31,7 +31,7 @@ exec "$@"
 
 def on_read_only_root(argv: list[str], writable: list[Path]) -> tuple[list[str], dict[str, str]]:
     """``argv`` wrapped to run on a read-only root; the environment the manifests set."""
-    (_, agent), *_ = [(w, c) for w, c in containers("aws") if c["name"] == "agent"]
+    (_, agent), *_ = [(w, c) for w, c in containers("gcp") if c["name"] == "agent"]
     env = {e["name"]: e["value"] for e in agent["env"]}
     assert env["HOME"] == "/tmp", "the manifests' HOME is their writable /tmp"
     # This test's stand-in for the pod's /tmp volume, which torch needs (tempfile).

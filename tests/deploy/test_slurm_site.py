@@ -1,9 +1,11 @@
-"""A site submitted with sbatch to a real Slurm joins a federation and ends identical."""
+"""A site submitted with sbatch to a real Slurm joins a federation and ends identical: the
+script's GPU form as shipped, one task per (Slurm-scheduled) GPU, bound to it and to a core."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,19 +21,19 @@ SBATCH = Path(__file__).parents[2] / "deploy" / "slurm" / "agent.sbatch"
 ROUNDS = 4
 
 
-def test_sbatch_site_of_two_tasks_trains_beside_a_plain_agent_and_ends_identical(
+def test_sbatch_site_of_two_gpu_tasks_trains_beside_a_plain_agent_and_ends_identical(
     slurm: SlurmCluster, reaped, pki, tmp_path: Path
 ):
     work = tmp_path
     port = start_coordinator(reaped, work, rounds=ROUNDS, **{"--min-agents": 2})
     start_agent(reaped, work, port, "aws", 0)
     job_log = work / "gcp-job.out"
-    # The script as shipped; only its resources are overridden for a CPU node, as a user
-    # without GPUs would (docs/deployment.md). `agent` comes from this interpreter's bin.
+    # The script as shipped, its resources sized to the test node (2 GPUs, 2 cores);
+    # `agent` comes from this interpreter's bin.
     job = slurm.sbatch(
         "--ntasks-per-node=2",
-        "--cpus-per-task=1",
-        "--gres=none",
+        "--gpus-per-node=2",
+        "--cpus-per-gpu=1",
         f"--output={job_log}",
         f"--chdir={work}",
         str(SBATCH),
@@ -52,8 +54,10 @@ def test_sbatch_site_of_two_tasks_trains_beside_a_plain_agent_and_ends_identical
     for name in ("coordinator", "aws"):
         code = reaped.procs[name].wait(timeout=120)
         assert code == 0, f"{name} exited {code}:\n{reaped.log(name)[-3000:]}"
-    # Two Slurm tasks made one site of tp=2, ranks from SLURM_PROCID, host from the node list.
+    # Two Slurm tasks made one site of two data-parallel replicas, ranks from SLURM_PROCID,
+    # host from the node list; rank 0 saw only its own GPU and was bound to one core.
     assert f"slurm rank=0/2 local=0 device=cpu rendezvous={slurm.node}:" in out, out[-3000:]
+    assert re.search(r"dp=2 tp=1 cuda_visible=0 cpus=\d+\n", out), out[-3000:]
     status = json.loads((work / "status.json").read_text())
     for cloud in ("aws", "gcp"):
         assert report(work, cloud)["round"] == ROUNDS - 1, (cloud, report(work, cloud))

@@ -33,6 +33,9 @@ def served_names(text: str) -> set[str]:
 def agent_exposition() -> str:
     registry = CollectorRegistry()
     snap = {"name": "aws-1", "cloud": "aws", "connected": True, "round": 0, "loss": 1.0}
+    gpu = {"rank": 0, "host": "node-a", "index": 0, "utilization": 0.9, "temperature_c": 70.0}
+    gpu |= {"memory_used_bytes": 1 << 30, "memory_total_bytes": 80 << 30, "power_w": 600.0}
+    snap |= {"dp": 2, "tp": 1, "gpus": [gpu]}
     registry.register(AgentCollector(lambda: snap))
     return generate_latest(registry).decode()
 

@@ -34,7 +34,7 @@ def test_a_tp2_site_and_a_tp1_site_train_the_llama_bit_identical(serve, reaped, 
         assert reaped.procs[cloud].wait(timeout=240) == 0, reaped.log(cloud)[-3000:]
         report = json.loads((tmp_path / f"{cloud}.json").read_text())
         assert report["weights_digest"] == running.federation.model.weights_digest
-    assert "[Agent.Ranks] tp=2" in reaped.log("aws")
+    assert "[Agent.Ranks] dp=1 tp=2" in reaped.log("aws")
     assert "resync" not in reaped.log("aws").lower()
 
 

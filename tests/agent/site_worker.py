@@ -1,8 +1,11 @@
-"""One rank of a tp-rank site, checked against a tp=1 replica (run by test_tp_ranks).
+"""One rank of a dp x tp site, checked against a 1 x 1 replica (test_tp_ranks,
+test_site_layouts).
 
-``python tp_worker.py RANK WORLD STORE_PORT TASK OUT_DIR EXCHANGE``: rank 0 drives the
-site and a single-process replica through the same steps and writes what it saw to OUT_DIR.
-EXCHANGE is what the coordinator's welcome would set (``delta`` or ``gradient``).
+``python site_worker.py RANK WORLD DP DP_MODE STORE_PORT TASK OUT_DIR EXCHANGE`` (DP_MODE
+``hsdp:N``: HSDP with shard groups of N replicas): rank 0
+drives the site and a single-process replica through the same steps and writes what it saw
+to OUT_DIR. EXCHANGE is what the coordinator's welcome would set (``delta`` or
+``gradient``). Every rank writes its residual keys and its slices' logical coordinates.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,18 +65,22 @@ def lead(site: Site, replica: Site) -> dict:
     return seen
 
 
-def trainer(task_spec: str, exchange: str, **options: object) -> LocalTrainer:
+def trainer(task_spec: str, exchange: str, **options: Any) -> LocalTrainer:
     local = {"seed": 0, "shard": 0, "num_shards": 1, "local_steps": 2}
     made = LocalTrainer(load_task(task_spec), **local, **options)
     made.set_exchange(exchange, lr=0.1, momentum=0.9)
     return made
 
 
-def main(rank: int, world: int, port: int, task_spec: str, out: Path, exchange: str) -> None:
+def main(
+    rank: int, world: int, dp: int, mode: str, port: int, task_spec: str, out: Path, exchange: str
+) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore(STORE_HOST, port, is_master=False)
-    group, mesh, device = init_ranks(rank, world, "cpu", store)
-    site = Site(trainer(task_spec, exchange, mesh=mesh, device=device), group)
+    mode, _, shard = mode.partition(":")  # hsdp:2: HSDP shard groups of 2 replicas
+    group, mesh, device = init_ranks(rank, world, "cpu", store, dp=dp, dp_shard=int(shard or 0))
+    made = trainer(task_spec, exchange, mesh=mesh, device=device, dp_mode=mode)
+    site = Site(made, group)
     seen: dict = {}
     if rank == 0:
         seen = lead(site, Site(trainer(task_spec, exchange)))
@@ -80,6 +88,12 @@ def main(rank: int, world: int, port: int, task_spec: str, out: Path, exchange: 
     else:
         site.follow()
     seen["residual_keys"] = sorted(site.uplink.feedback.residuals)
+    seen["dp_mode"] = made.dp_mode
+    seen["owned"] = [
+        [info.name, shard]
+        for info, shard, own in zip(made.spec, made.shards, made.owned, strict=True)
+        if own
+    ]
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
 
@@ -94,6 +108,6 @@ def chargpt_foreach() -> object:
 
 
 if __name__ == "__main__":
-    rank, world, port, task_spec, out, exchange = sys.argv[1:7]
-    main(int(rank), int(world), int(port), task_spec, Path(out), exchange)
+    rank, world, dp, mode, port, task_spec, out, exchange = sys.argv[1:9]
+    main(int(rank), int(world), int(dp), mode, int(port), task_spec, Path(out), exchange)
     exit_rank(0)  # as the agent's ranks do: teardown may abort in torch's destructors
