@@ -247,6 +247,7 @@ class Agent:
             congestion_control=congestion_control(target_host(self.replicas.current)).name,
         )
         link.send(hello)
+        link.answered()
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
         assert isinstance(welcome, Welcome)
         self._fenced(welcome.term, "welcome")

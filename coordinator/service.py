@@ -81,6 +81,9 @@ class FederationServicer(pb_grpc.FederationServicer):
                 self.leadership.check()
             except FederationError as exc:
                 abort(context, exc)
+        # Headers at once: the agent learns its call reached a serving coordinator long
+        # before the welcome, which waits for the lock a round's close holds (agent/link.py).
+        context.send_initial_metadata(())
         session = Session(call.identity, context.peer())
         hello_due(session, self.calls.first_message_s)
         call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
