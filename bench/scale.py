@@ -33,8 +33,9 @@ the recycled spare of the steady state: docs/scale.md, Checkpoints):
 ``--replicas 0,1,2`` runs the coordinator as that many replicas, one run each (0: one
 coordinator, no election, the default; 1: a replica elected through a local etcd, with
 no standby; 2: a leader and one standby that replays its rounds, docs/failover.md): the
-standby's CPU-s per round and peak RSS come as two more columns, and the round figures
-show what following costs the leader.
+standby's CPU-s per round and peak RSS, and the release's medians (the wait for the
+standby's ack once the leader's checkpoint is written, the etcd write) come as four more
+columns, and the round figures show what following costs the leader.
 
 ``--phases`` runs every process at DEBUG and adds, per size and codec, where a round's
 time went along its critical path (``bench/phases.py``: the previous broadcast's apply,
@@ -76,6 +77,9 @@ POLL_S = 0.02
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CHECKPOINT_LOG = re.compile(r"\[Coordinator\.Checkpoint\] round=(\d+) on_path_ms=([\d.]+)")
 CHECKPOINT_WRITE_LOG = re.compile(r"\[Coordinator\.Checkpoint\] round=(\d+) written_ms=([\d.]+)")
+RELEASE_LOG = re.compile(
+    r"\[Coordinator\.Release\] round=(\d+) standbys=\d+ ack_wait_ms=([\d.]+) etcd_ms=([\d.]+)"
+)
 
 
 @dataclass(slots=True)
@@ -101,6 +105,11 @@ class Row:
     standby_cpu_s: float = float("nan")
     """CPU seconds per round of the standby replica (``replicas`` 2)."""
     standby_rss: float = float("nan")
+    ack_wait_ms: float = float("nan")
+    """How long the round's end waited for the standby's ack once the leader's own
+    checkpoint was written (a replica's ``[Coordinator.Release]`` lines)."""
+    etcd_ms: float = float("nan")
+    """How long recording the release in etcd took."""
     phases: phases.Breakdown | None = None
     """Where the rounds' time went (``--phases``)."""
 
@@ -323,6 +332,10 @@ def _row(
     if "standby" in seen.hwm:
         row.standby_rss = seen.hwm["standby"] / model_bytes
     log = kids.log("coordinator")
+    released = [m for m in RELEASE_LOG.finditer(log) if int(m.group(1)) >= args.warmup]
+    if released:
+        row.ack_wait_ms = statistics.median(float(m.group(2)) for m in released)
+        row.etcd_ms = statistics.median(float(m.group(3)) for m in released)
     on_path = [float(m.group(2)) for m in CHECKPOINT_LOG.finditer(log)]
     written = [float(m.group(2)) for m in CHECKPOINT_WRITE_LOG.finditer(log)]
     if written:
@@ -347,12 +360,16 @@ REPLICAS = {0: "", 1: ", 1 replica (etcd), no standby", 2: ", leader + 1 standby
 
 def table(rows: list[Row]) -> list[str]:
     standbys = any(r.replicas for r in rows)
-    extra = " standby CPU-s/round | standby peak RSS / model |" if standbys else ""
+    extra = (
+        " standby CPU-s/round | standby peak RSS / model | release: ack wait ms | etcd ms |"
+        if standbys
+        else ""
+    )
     lines = [
         "| params | codec | round s | training s | exchange s | coordinator CPU-s/round "
         "| agent CPU-s/round | coordinator peak RSS / model | agent peak RSS / model "
         f"| checkpoint on path ms | checkpoint write ms |{extra}",
-        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (2 if standbys else 0),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (4 if standbys else 0),
     ]
     for r in rows:
         cells = ""
@@ -360,6 +377,8 @@ def table(rows: list[Row]) -> list[str]:
             cells = f" {r.standby_cpu_s:.2f} | {r.standby_rss:.1f}x |"
         elif standbys:
             cells = " - | - |"
+        if standbys:
+            cells += f" {r.ack_wait_ms:.0f} | {r.etcd_ms:.0f} |" if r.replicas else " - | - |"
         lines.append(
             f"| {size_text(r.params)} | {r.codec}{f', stage_memory {r.stage}' if r.stage else ''}"
             f"{REPLICAS[r.replicas]} "

@@ -291,7 +291,8 @@ class Followers:
         (at most ``ack_timeout_s``; the federation's lock held), then record the release
         under this leader's term. False: this replica no longer leads (nothing may be
         released). A standby still catching up is not waited for."""
-        deadline = time.monotonic() + self.ack_timeout_s
+        started = time.monotonic()
+        deadline = started + self.ack_timeout_s
         with self._cond:
             while True:
                 waiting = [s for s in self._expected if not s.closed and s.round < number]
@@ -306,9 +307,18 @@ class Followers:
                 if stream.state == "catching-up" and held:
                     self._caught_up(stream)
             self.alone = not any(not s.closed for s in self._expected)
+            followed = sum(not s.closed for s in self._expected)
             self._expected = []
+        acked = time.monotonic()
         if self.guard is not None and not self.guard(number, digest):
             return False
+        log.info(
+            "[Coordinator.Release] round=%d standbys=%d ack_wait_ms=%.0f etcd_ms=%.0f",
+            number,
+            followed,
+            (acked - started) * 1000,
+            (time.monotonic() - acked) * 1000,
+        )
         with self._cond:
             self.released = number
             self._digests[number] = digest
