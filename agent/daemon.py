@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ from skyfed.fingerprint import DIGEST_PREFIX, is_weights_digest
 from skyfed.logs import Phases
 from skyfed.netinfo import congestion_control, target_host
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
+from skyfed.validate import metrics_problem
 from skyfed.wire import (
     EXCHANGES,
     Announce,
@@ -93,6 +95,10 @@ class Agent:
         self.bytes_up = 0
         self.bytes_down = 0
         self.last_loss = float("nan")
+        self.metrics: dict[str, float] = {}
+        """The named metrics the site last reported (:meth:`report`)."""
+        self._unsent: dict[str, float] = {}  # reported, not yet carried by a contribution
+        self._metrics_lock = threading.Lock()
         self.max_chunk_bytes = DEFAULT_MAX_CHUNK_BYTES
         # Rounds contributed but not yet acknowledged: refused ones are credited back.
         self._unacked: set[int] = set()
@@ -159,6 +165,23 @@ class Agent:
 
     def stop(self) -> None:
         self._stopping = True
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """Named metrics of the site's own (a script's evaluation): the next contribution
+        carries them to the coordinator. ``ValueError`` for what the wire would refuse
+        (``skyfed.validate.metrics_problem``)."""
+        metrics = {name: float(value) for name, value in metrics.items()}
+        problem = metrics_problem(metrics)
+        if problem is not None:
+            raise ValueError(f"site metrics: {problem}")
+        with self._metrics_lock:
+            self.metrics = dict(metrics)
+            self._unsent = dict(metrics)
+
+    def _take_metrics(self) -> dict[str, float]:
+        with self._metrics_lock:
+            unsent, self._unsent = self._unsent, {}
+        return unsent
 
     def _follow(self, closed: LinkClosed) -> bool:
         """Pick the replica the next session dials: the leader a standby named, or the
@@ -231,7 +254,7 @@ class Agent:
         hello = Hello(
             cloud=self.config.cloud,
             name=self.config.name,
-            task=self.site.trainer.task.name,
+            task=self.site.trainer.task_name,
             tensors=list(self.spec),
             dp=self.site.layout[0],
             tp=self.site.layout[1],
@@ -239,7 +262,7 @@ class Agent:
             codecs=tuple(codec_names()),
             last_round=self.last_round,
             weights_digest=self.site.digest(),
-            exchanges=EXCHANGES,
+            exchanges=self.site.trainer.exchanges,
             max_streams=self.config.max_streams,
             local_steps=self.config.local_steps,
             # The N policy reads it: Mathis's cap bounds a stream only where an end's
@@ -404,9 +427,10 @@ class Agent:
                 round=round,
                 chunks=0,
                 samples=result.samples,
-                loss=result.loss,
+                loss=result.loss if math.isfinite(result.loss) else None,
                 train_s=result.train_s,
                 raw_bytes=raw_bytes(self.spec),
+                metrics=self._take_metrics(),
             )
         )
         payloads = self.site.stream_contribution(round, self.codec)  # every rank's shards

@@ -11,7 +11,8 @@ import signal
 import sys
 import threading
 import zlib
-from typing import NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import torch
@@ -42,6 +43,9 @@ from skyfed.agent.trainer import LocalTrainer
 from skyfed.allocator import fix_mmap_threshold
 from skyfed.logs import setup_logging
 from skyfed.tasks import load_task
+
+if TYPE_CHECKING:
+    from skyfed.agent.daemon import Agent
 
 log = logging.getLogger(__name__)
 
@@ -102,20 +106,15 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
     """Rank 0: run the session loop over ``site``; map final refusals to exit codes."""
     from skyfed.agent.daemon import Agent, SiteDown
     from skyfed.agent.link import LinkClosed
-    from skyfed.agent.observe import RoundLines, start_metrics
 
     # Everything built so far (torch, the model, gRPC) lives as long as the process: out of
     # the cyclic collector's sight, whose full passes over it took ~20 % of an agent's CPU
     # at 25M parameters (docs/scale.md); per-chunk garbage is still collected.
     gc.freeze()
     agent = Agent(config, site)
-    metrics = start_metrics(agent, config)
-    lines = RoundLines(agent, config, lambda line: click.echo(line, err=True))
-    if progress:
-        lines.start()
+    say = (lambda line: click.echo(line, err=True)) if progress else None
     try:
-        site.restore()
-        agent.run()
+        serve_session(agent, say)
         exit_on_sigterm(0)  # finished: a SIGTERM from here on ends a finished site
     except LinkClosed as exc:
         click.echo(f"agent {config.name}: refused by the coordinator: {exc}", err=True)
@@ -125,13 +124,29 @@ def lead(config: AgentConfig, site: Site, progress: bool = False) -> int:
         return EXIT_NO_SESSION
     except SiteDown:
         return EXIT_SITE_DOWN
+    site.stop()
+    return 0
+
+
+def serve_session(agent: Agent, say: Callable[[str], None] | None = None) -> None:
+    """Rank 0 of any site (``agent start``'s, a script's ``skyfed.Site``): its residuals
+    restored, the session loop until the federation is done, beside it the metrics port
+    (if configured) and, with ``say``, a line per applied round. Raises what ends the
+    loop otherwise (``Agent.run``)."""
+    from skyfed.agent.observe import RoundLines, start_metrics
+
+    metrics = start_metrics(agent, agent.config)
+    lines = RoundLines(agent, agent.config, say) if say is not None else None
+    if lines is not None:
+        lines.start()
+    try:
+        agent.site.restore()
+        agent.run()
     finally:
-        if progress:
+        if lines is not None:
             lines.close()
         if metrics is not None:
             metrics.close()
-    site.stop()
-    return 0
 
 
 def rank_main(spec: RankSpec) -> None:

@@ -55,7 +55,7 @@ class MomentumCorrection:
     def mask(self, sent: Tensors, codec: Codec) -> None:
         """Momentum factor masking: under a sparse ``codec``, zero the velocity at the
         coordinates ``sent`` (what the receiver decodes) carries."""
-        if not codec.sparse:
+        if not codec.capabilities.sparse:
             return
         for u, s in zip(self.velocity, sent, strict=True):
             if u is not None and s is not None:

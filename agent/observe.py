@@ -35,6 +35,7 @@ def snapshot(agent: Any, config: AgentConfig) -> dict[str, Any]:
         "dp": agent.site.layout[0],
         "tp": agent.site.layout[1],
         "gpus": agent.site.gpus.as_list(),
+        "metrics": dict(agent.metrics),
     }
 
 

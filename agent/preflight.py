@@ -19,12 +19,7 @@ from skyfed.tasks.plans import check as check_plan
 
 def check(config: AgentConfig) -> None:
     """Raise ValueError, naming the option and the fix, for the first mistake found."""
-    for option in ("ca", "cert", "key"):
-        path = getattr(config, option)
-        if not path.is_file():
-            hint = " (check --certs)" if config.certs is not None else ""
-            raise ValueError(f"--{option} {path} does not exist{hint}")
-    check_key_pair(config)
+    check_certificates(config)
     if config.report is not None and not config.report.parent.is_dir():
         raise ValueError(
             f"--report {config.report}: directory {config.report.parent} does not exist"
@@ -35,6 +30,17 @@ def check(config: AgentConfig) -> None:
     check_batch(task.batch_size(), config.dp)
     if config.state_dir is not None and config.state_dir.exists() and not config.state_dir.is_dir():
         raise ValueError(f"--state-dir {config.state_dir} is not a directory")
+
+
+def check_certificates(config: AgentConfig) -> None:
+    """The CA, the certificate and its own private key are there (a script's
+    ``skyfed.Site`` checks this much too)."""
+    for option in ("ca", "cert", "key"):
+        path = getattr(config, option)
+        if not path.is_file():
+            hint = " (check --certs)" if config.certs is not None else ""
+            raise ValueError(f"--{option} {path} does not exist{hint}")
+    check_key_pair(config)
 
 
 def check_key_pair(config: AgentConfig) -> None:

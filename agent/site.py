@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,8 +22,9 @@ import torch
 
 from skyfed import failpoints
 from skyfed.agent import failure, state
+from skyfed.agent.core import LocalResult, TrainerCore
 from skyfed.agent.gpus import GpuBoard, GpuWatch
-from skyfed.agent.trainer import LocalResult, LocalTrainer
+from skyfed.agent.handoff import Stopped
 from skyfed.agent.uplink import Uplink
 from skyfed.compression import Codec, decode_payload, rounding_seed
 from skyfed.compression.spec import codec_from_spec
@@ -74,7 +76,7 @@ class Site:
 
     def __init__(
         self,
-        trainer: LocalTrainer,
+        trainer: TrainerCore,
         group: RankGroup | None = None,
         *,
         sender: str = "",
@@ -243,7 +245,11 @@ class Site:
         the state directory; None for a plain stop (a SIGTERM with no failure behind it)."""
         store = getattr(self.group, "store", None)
         dp, tp = self.layout
-        if isinstance(exc, SystemExit | KeyboardInterrupt):
+        if isinstance(exc, Stopped) and exc.reason is not None:
+            reason = f"{failure.where(0, dp, tp)}: its script failed: {exc.reason}"
+            failure.report(store, 0, reason)
+            reason = failure.announce(store, reason)
+        elif isinstance(exc, SystemExit | KeyboardInterrupt | Stopped):  # a plain stop
             reason = failure.announced(store)
         elif failure.lost_peer(exc):
             log.debug("[Agent.Site] lost a peer", exc_info=exc)
@@ -263,17 +269,19 @@ class Site:
             failure.keep(self.state_dir, reason)
         return reason
 
-    def stop(self) -> None:
-        """Release the other ranks from :meth:`follow`; their processes then exit 0."""
+    def stop(self, reason: str | None = None) -> None:
+        """Release the other ranks from :meth:`follow`, which returns ``reason``: None,
+        the federation finished (their processes then exit 0); else why the site ends."""
         if self.group.world > 1 and self.group.rank == 0:
-            self.group.broadcast(("stop", ()))
+            self.group.broadcast(("stop", (reason,)))
 
-    def follow(self) -> None:
-        """Ranks 1..: run the steps rank 0 announces until it says stop."""
+    def follow(self) -> str | None:
+        """Ranks 1..: run the steps rank 0 announces until it says stop; why it stopped
+        (None: the federation finished)."""
         while True:
             name, args = self.group.broadcast(None)
             if name == "stop":
-                return
+                return args[0] if args else None
             self._steps[name](*args)
 
     def _lead(self, step: Callable[..., Any], *args: Any, **local: Any) -> Any:
@@ -294,10 +302,12 @@ class Site:
 
     def _train(self) -> LocalResult:
         result = self._result = self.trainer.train()
-        heard = self.group.gather((result.loss, self.gpu.last))
+        heard = self.group.gather((result.loss, result.samples, self.gpu.last))
         if self.group.rank == 0:
-            result.loss = sum(loss for loss, _ in heard) / len(heard)
-            self.gpus.update([reading for _, reading in heard], self.gpu.why_not)
+            losses = [loss for loss, _, _ in heard if math.isfinite(loss)]
+            result.loss = sum(losses) / len(losses) if losses else math.nan
+            result.samples = sum(samples for _, samples, _ in heard)
+            self.gpus.update([reading for _, _, reading in heard], self.gpu.why_not)
         return result
 
     def _set_exchange(self, exchange: str, lr: float, momentum: float) -> None:

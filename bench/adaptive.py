@@ -66,6 +66,7 @@ from pathlib import Path
 import torch
 
 from skyfed.coordinator import checkpoint
+from skyfed.coordinator.evaluate import Evaluator as HeldOut
 from skyfed.lab.federation import Federation, FederationSpec
 from skyfed.lab.profiles import LinkProfile, Schedule, ScheduleStep, load_catalog
 from skyfed.lab.topology import AgentSpec, Lab, LabSpec, tear_down_on_signals
@@ -137,21 +138,18 @@ class Snapshots:
 
 
 class Evaluator:
-    """Held-out loss of a round's weights, cached, and its mean over a window of rounds."""
+    """Held-out loss of a round's weights (the coordinator's own evaluation,
+    ``coordinator/evaluate.py``), cached, and its mean over a window of rounds."""
 
-    def __init__(self, task: Task, seed: int) -> None:
-        self.task = task
-        self.model = task.build_model(seed)
+    def __init__(self, task: Task) -> None:
+        self.evaluator = HeldOut(task, every=1)
         self.cache: dict[int, float] = {}
         self.checks: list[float] = []
         """The losses ``check`` saw during the run, in order."""
 
     def __call__(self, snaps: Snapshots, round_: int) -> float:
         if round_ not in self.cache:
-            with torch.no_grad():
-                for p, w in zip(self.model.parameters(), snaps.weights[round_], strict=True):
-                    p.copy_(w)
-            self.cache[round_] = self.task.eval_loss(self.model)
+            self.cache[round_] = self.evaluator.evaluate(round_, snaps.weights[round_]).loss
         return self.cache[round_]
 
     def check(self, snaps: Snapshots, target: float) -> bool:
@@ -197,7 +195,7 @@ def run(codec: str, seed: int, args: argparse.Namespace, workdir: Path) -> Resul
     catalog.profiles.update({NEAR.name: NEAR, FAR.name: FAR})
     agents = (AgentSpec(name="aws-1", profile="lan"), AgentSpec(name="gcp-1", profile=NEAR.name))
     spec = _federation_spec(codec, seed, args, workdir)
-    evaluate = Evaluator(load_task(args.task), seed)
+    evaluate = Evaluator(load_task(args.task))
     snaps = Snapshots()
     with Lab(spec=LabSpec(agents=agents), catalog=catalog) as lab:
         Federation(lab, spec, workdir).start()

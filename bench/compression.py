@@ -3,6 +3,7 @@
     python bench/compression.py                 # 1M and 16M float32 elements
     python bench/compression.py --sizes 16M     # the goals' size only
     flock /tmp/skyfed-heavy.lock python bench/compression.py --save   # + bench/results/
+    flock /tmp/skyfed-heavy.lock python bench/compression.py --baseline main --turns 3 --save
 
 Two ways of running each codec, each timed against ``dst.copy_(src)`` of the same tensor
 in the same repeat (repeats interleave copy and codec; the best of each is kept, so a
@@ -11,8 +12,8 @@ busy host inflates both alike):
 - ``plain``: ``encode(x, out=buffer)`` and ``decode(payload, out=tensor)``, the reused
   buffers of a round loop;
 - ``fed``: as the federation runs them, through the functions the agents and the
-  coordinator call (docs/codecs-performance.md). Sending: ``ErrorFeedback.encode`` of
-  ``compression/feedback.py`` (the agents' uplink, the coordinator's downlink) with the
+  coordinator call (docs/codecs-performance.md). Sending: ``ErrorFeedback.encode``
+  (the one encoder of the agents' uplink and the coordinator's downlink) with the
   key's residual from the round before, error feedback, Top-k's plan and the payload's
   memory all as the federation has them (the last round's payload acknowledged, so no
   longer held). Receiving: ``decode_add_payload(payload, acc, alpha)``, the decoded
@@ -24,28 +25,31 @@ Goals are checked at 16M elements on the ``fed`` path: FP16 within 2x a copy,
 Top-k at its default density (5 %) within 8x, EC-SGD 2-bit within 20x.
 
 ``--baseline REF`` runs the same measurement, in the same run, on the codecs of another
-commit (``git archive REF``, imported in a child process) and prints both side by side.
+commit (``git archive REF``, imported in a child process) and this checkout's in another child,
+so neither side runs in a process the other left behind, and prints both side by side;
+``--turns N`` (even) measures both N times, which goes first alternating, and gives each
+cell's best and the geometric mean of the turns' now / before ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import io
 import json
-import os
-import platform
 import re
+import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.compression import Codec, ErrorFeedback, decode_add_payload, make_codec
 from skyfed.compression.frame import PayloadBuffer
@@ -65,7 +69,7 @@ CODECS: list[tuple[str, dict[str, object]]] = [
     ("ecsgd", {"bits": 4}),
 ]
 GOAL_NUMEL = 16 << 20
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,55 +269,6 @@ def parse_size(text: str) -> int:
     return int(text.rstrip("KM")) * scale
 
 
-def _lock_prefix() -> str:
-    """``flock LOCK `` when an ancestor process is the heavy-run lock's ``flock``, else ''."""
-    pid = os.getppid()
-    while pid > 1:
-        proc = Path(f"/proc/{pid}")
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-            pid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return ""
-        if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
-            return f"flock {args[1].decode()} "
-    return ""
-
-
-def save(lines: list[str], what: str, sizes: str) -> Path:
-    """The run as ``bench/results/YYYY-MM-DD-compression-<what>.md``: command, commit,
-    date, host and output."""
-    now = datetime.datetime.now(datetime.UTC)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    free = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
-    path = RESULTS / f"{now:%Y-%m-%d}-compression-{what}.md"
-    body = [
-        f"# Codecs at {sizes}: plain and as the federation runs them",
-        "",
-        f"- command: `{_lock_prefix()}{' '.join(['python', *sys.argv])}`",
-        f"- commit: `{commit}`",
-        f"- date: {now:%Y-%m-%d %H:%M} UTC",
-        f"- host: {os.cpu_count()} cores (`nproc`), {platform.processor() or platform.machine()}, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads",
-        "",
-        "```",
-        free.rstrip(),
-        "```",
-        "",
-        "## Output",
-        "",
-        "```",
-        *lines,
-        "```",
-        "",
-    ]
-    RESULTS.mkdir(exist_ok=True)
-    path.write_text("\n".join(body))
-    return path
-
-
 # Run in a child process: import skyfed from the checkout at argv[1] (as the editable
 # install maps it: skyfed/ and the top-level package folders), then run this bench.
 _BOOT = """
@@ -335,25 +290,49 @@ class Checkout:
             name, where / "__init__.py", submodule_search_locations=[str(where)])
 sys.meta_path.insert(0, Checkout)
 sys.argv = sys.argv[2:]
+sys.path.insert(0, str(pathlib.Path(sys.argv[0]).parent))  # the bench's own helpers
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def baseline(ref: str, sizes: list[int], repeats: int, only: str) -> list[Row]:
-    """The same rows measured on the codecs of commit ``ref`` (a child process)."""
-    root = Path(__file__).resolve().parent.parent
-    archive = subprocess.run(["git", "archive", ref], cwd=root, capture_output=True, check=True)
+@contextlib.contextmanager
+def checkout_of(ref: str) -> Iterator[Path]:
+    """The tree of commit ``ref`` (``git archive``) in a temporary folder."""
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True)
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
-        sizes_text = ",".join(size_text(s) for s in sizes)
-        args = ["--sizes", sizes_text, "--repeats", str(repeats), "--only", only, "--rows"]
-        child = subprocess.run(
-            [sys.executable, "-c", _BOOT, tmp, __file__, *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        yield Path(tmp)
+
+
+def measured_turns(
+    ref: str, sizes: list[int], repeats: int, only: str, turns: int
+) -> list[tuple[list[Row], list[Row]]]:
+    """``(before, now)``: the rows of commit ``ref``'s codecs and of this checkout's, each
+    measured in its own child process, ``turns`` times. Which side goes first alternates
+    from turn to turn, so neither is the one that always runs after the other's memory
+    was freed or while the host's load drifts one way."""
+    out = []
+    with checkout_of(ref) as old:
+        for turn in range(max(1, turns)):
+            sides = [old, ROOT] if turn % 2 == 0 else [ROOT, old]
+            measured = {root: child_rows(root, sizes, repeats, only) for root in sides}
+            out.append((measured[old], measured[ROOT]))
+    return out
+
+
+def child_rows(root: Path, sizes: list[int], repeats: int, only: str) -> list[Row]:
+    """The rows measured in a child process on the codecs of the checkout at ``root``:
+    with ``--baseline``, this checkout's are measured in a child too, so neither side
+    runs in a process the other's measurement left behind."""
+    sizes_text = ",".join(size_text(s) for s in sizes)
+    args = ["--sizes", sizes_text, "--repeats", str(repeats), "--only", only, "--rows"]
+    child = subprocess.run(
+        [sys.executable, "-c", _BOOT, str(root), __file__, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [Row(**r) for r in json.loads(child.stdout)]
 
 
@@ -366,25 +345,49 @@ def best_rows(runs: list[list[Row]]) -> list[Row]:
     ]
 
 
-def side_by_side(rows: list[Row], before: list[Row], ref: str) -> list[str]:
-    """Each row's fed and plain multiples of a copy, before (``ref``) and now."""
+def side_by_side(
+    rows: list[Row], before: list[Row], ref: str, turns: list[tuple[list[Row], list[Row]]]
+) -> list[str]:
+    """Each row's fed and plain multiples of a copy, before (``ref``) and now, and the
+    geometric mean over the turns of each turn's now / before fed times: the best of each
+    side may come from different moments of a noisy host, where a turn's two sides ran
+    minutes apart at most."""
     was = {(r.label, r.numel): r for r in before}
     lines = [
         f"before = the codecs of {ref}, measured in this run; now = this checkout",
         f"{'codec':<24}{'size':>5}{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}"
-        f"{'plain/copy':>11}  |{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}{'plain/copy':>11}",
-        f"{'':<29}{'before':>39}  |{'now':>39}",
+        f"{'plain/copy':>11}  |{'fed enc':>9}{'fed dec':>9}{'fed/copy':>10}{'plain/copy':>11}"
+        f"  |{'enc':>6}{'dec':>6}",
+        f"{'':<29}{'before':>39}  |{'now':>39}  |{'now/before':>12}",
     ]
     for r in rows:
         b = was.get((r.label, r.numel))
         if b is None:
             continue
+        enc, dec = (turn_ratio(turns, r, field) for field in ("fed_encode_ms", "fed_decode_ms"))
         lines.append(
             f"{r.label:<24}{size_text(r.numel):>5}{b.fed_encode_ms:>9.2f}{b.fed_decode_ms:>9.2f}"
             f"{b.fed_multiple:>9.1f}x{b.multiple:>10.1f}x  |{r.fed_encode_ms:>9.2f}"
             f"{r.fed_decode_ms:>9.2f}{r.fed_multiple:>9.1f}x{r.multiple:>10.1f}x"
+            f"  |{enc:>6.2f}{dec:>6.2f}"
         )
+    if len(turns) > 1:
+        lines.append(f"(now/before: the geometric mean of {len(turns)} turns' ratios of fed times)")
     return lines
+
+
+def turn_ratio(turns: list[tuple[list[Row], list[Row]]], row: Row, field: str) -> float:
+    """The geometric mean over ``turns`` of now's ``field`` over before's, for ``row``'s
+    cell. Over an even number of turns it cancels whatever going first or second does to
+    a process: on the development host a median of 5 turns one way round and 4 the other
+    put FP16's unchanged fed encode at 0.43
+    (bench/results/2026-12-06-compression-16m-capabilities-base-9-turns.md)."""
+    ratios = []
+    for before, now in turns:
+        b = next(x for x in before if (x.label, x.numel) == (row.label, row.numel))
+        n = next(x for x in now if (x.label, x.numel) == (row.label, row.numel))
+        ratios.append(getattr(n, field) / getattr(b, field))
+    return statistics.geometric_mean(ratios)
 
 
 def main() -> None:
@@ -403,8 +406,9 @@ def main() -> None:
         "--turns",
         type=int,
         default=1,
-        help="with --baseline: measure REF and this checkout in turn this many times, "
-        "keeping each cell's best (a noisy host drifts between two processes)",
+        help="with --baseline: measure REF and this checkout in turn this many times (even: "
+        "which goes first alternates), keeping each cell's best (a noisy host drifts between "
+        "two processes) and the geometric mean of their ratios",
     )
     parser.add_argument("--what", default="", help="the results file's <what> (default: the sizes)")
     parser.add_argument("--rows", action="store_true", help=argparse.SUPPRESS)  # JSON rows only
@@ -415,22 +419,20 @@ def main() -> None:
         return
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads", ""]
     if args.baseline:
-        turns = [
-            (
-                baseline(args.baseline, sizes, args.repeats, args.only),
-                run(sizes, args.repeats, args.only),
-            )
-            for _ in range(max(1, args.turns))
-        ]
+        turns = measured_turns(args.baseline, sizes, args.repeats, args.only, args.turns)
         before, rows = best_rows([b for b, _ in turns]), best_rows([r for _, r in turns])
     else:
-        before, rows = [], run(sizes, args.repeats, args.only)
+        turns, before, rows = [], [], run(sizes, args.repeats, args.only)
     if args.turns > 1:
-        lines += [f"best of {args.turns} turns, {args.baseline} then this checkout in each", ""]
+        lines += [
+            f"best of {args.turns} turns of {args.baseline} and this checkout, which goes first "
+            "alternating",
+            "",
+        ]
     lines += [*table(rows), "", *goals(rows), ""]
     if before:
         lines += [f"{args.baseline}:", *table(before), "", *goals(before), ""]
-        lines += [*side_by_side(rows, before, args.baseline), ""]
+        lines += [*side_by_side(rows, before, args.baseline, turns), ""]
     lines += memory(max(sizes))
     print("\n".join(lines))
     if args.save:
@@ -438,7 +440,8 @@ def main() -> None:
             [*(size_text(s).lower() for s in sizes), *[args.only] * bool(args.only)]
         )
         name = re.sub(r"[^a-z0-9.-]+", "", what.lower())
-        print(f"saved {save(lines, name, ', '.join(size_text(s) for s in sizes))}")
+        title = f"Codecs at {', '.join(size_text(s) for s in sizes)}: plain and as the federation runs them"
+        print(f"saved {record('compression', name, sys.argv[1:], ['```', *lines, '```'], title)}")
 
 
 if __name__ == "__main__":

@@ -6,39 +6,37 @@
     python bench/convergence.py --exchange gradient --sites 2 --rounds 170 --only "fp16,topk 1% +" \\
         --switch fp16:50,topk --switch topk:50,fp16                      # a policy's switches
 
-It mirrors the federation. Each of N simulated sites starts a round from the shared
-weights, takes ``--local-steps`` AdamW steps (its optimizer state persists, as an agent's
-does) and sends the pseudo-gradient ``delta = w_start - w_end`` through its codec with its
-own error feedback (``p = g + e; c = C(p); e = p - D(c)``). The coordinator averages the
-decoded deltas, compresses the mean back with its own error feedback (DoubleSqueeze; Top-k
-at the union's density, ``Codec.for_downlink``) and every site applies ``w -= D(c)``.
-``--exchange gradient`` is the coordinator's ``exchange = "gradient"``
-(``skyfed.agent.momentum``, the same code), Deep Gradient Compression's setting (Lin et
-al. 2018): raw gradients every step, momentum SGD
-(``--sgd-lr``, momentum 0.9) with DGC's momentum correction (each site accumulates its
-velocity ``u = 0.9 u + g`` and error feedback accumulates ``lr * u``, so the residual is
-DGC's ``v``) and, for Top-k, momentum factor masking (a coordinate that went restarts
-its velocity); ``--rounds`` then counts steps, and EC-SGD clips as the coordinator's
-policy does under that exchange (``PolicyConfig.for_gradient_exchange``).
-``--exchange gradient-adamw`` sends raw gradients every step and applies AdamW after
-aggregation instead (data-parallel AdamW), for comparison. A run that diverges (EC-SGD
-refuses non-finite input) shows as ``diverged``.
+Every run is the product's own round in one process (``skyfed/simulate.py``): ``--sites``
+of the agent's own ``Site`` (site ``i`` on shard ``i`` of the data, as the lab starts
+agents), each taking ``--local-steps`` steps of the task's optimizer and sending its
+pseudo-gradient through its link's codec with its own error feedback, and the
+coordinator's own ``Model`` and ``Round``: the weighted mean, norm clipping
+(``clip_norm_ratio`` 4), the outer step (FedAvg at ``--outer-lr``) and the downlink with
+the coordinator's error feedback (the heaviest uplink codec, Top-k at the union's
+density). Codec parameters are the coordinator's ``[policy]``'s, set per row.
+``--exchange gradient`` is the coordinator's ``exchange = "gradient"`` (Deep Gradient
+Compression's setting, ``skyfed.agent.momentum``): one batch's gradient a round through
+momentum SGD (``--sgd-lr``, momentum 0.9) with DGC's momentum correction and, for Top-k,
+momentum factor masking; ``--rounds`` then counts steps, and the policy is the one that
+exchange gets (``PolicyConfig.for_gradient_exchange``: EC-SGD clips at 4 RMS, 1 bit is
+refused). A run whose sites diverge shows as ``diverged``.
 
 ``--switch "fp16:50,topk"`` adds a run whose codec changes at the named rounds (FP16 for
 50, then Top-k; repeatable), each codec with the coordinator's ``[policy]`` defaults for
-the exchange (Top-k: 5 % under ``delta``, 1 % under ``gradient``): what a link policy's
-switches cost in convergence, without the lab's clock. ``topk~10`` warms Top-k's density
-up over the step's first 10 rounds, as ``[policy] topk_warmup_rounds = 10`` does.
+the exchange (Top-k: 5 % under ``delta``, 1 % under ``gradient``), as the link's
+``CodecRun`` runs a policy's switches: what they cost in convergence, without the lab's
+clock. ``topk~10`` sets ``[policy] topk_warmup_rounds = 10``: Top-k's density warms up
+over 10 rounds from round 0 and from each switch to it (one warm-up per schedule).
 
-``--overlap`` adds, for every run, the same run with overlap of exchange and compute (the
-coordinator's ``overlap = true``, docs/wan.md#overlap): each site trains round t+1 from
-the weights before round t's aggregate, which is applied after those local steps (one
-round stale); the row ``<codec> + overlap`` is relative to FP32 without overlap, so it
-reads as the codec's cost plus overlap's.
+``--overlap`` adds, for every run, the same run with the coordinator's ``overlap = true``
+(docs/wan.md#overlap): each site trains round t+1 from the weights before round t's
+aggregate, which it applies after those local steps (one round stale); the row
+``<codec> + overlap`` is relative to FP32 without overlap, so it reads as the codec's
+cost plus overlap's.
 
 Every codec runs on the same seeds (same initial weights, same batches), so the loss
-relative to FP32 is paired per seed; the table gives its mean and spread over seeds.
-Top-k without error feedback shows what the residual is for.
+relative to FP32 is paired per seed; the table gives its mean and spread over seeds. The
+loss is the coordinator's held-out evaluation of its weights after the last round.
 """
 
 from __future__ import annotations
@@ -47,56 +45,57 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
-from torch import nn
+from results_file import recording  # bench/, beside this script
 
-from skyfed.agent.momentum import MomentumCorrection
-from skyfed.compression import Codec, ErrorFeedback, decode_payload, frame, make_codec
+from skyfed.compression import codec_names
 from skyfed.compression.policy import PolicyConfig
-from skyfed.coordinator.outer import OuterOptimizer
-from skyfed.tasks import load_task
-from skyfed.tasks.base import Task
+from skyfed.coordinator.model import RoundRules
+from skyfed.coordinator.outer import OuterSettings
+from skyfed.simulate import Diverged, Schedule, Simulation, sharded
 
-CodecAt = Callable[[int], Codec]  # round -> the codec used in that round
 OVERLAP = " + overlap"  # a run label's suffix: the same run, one round stale
 MOMENTUM = 0.9  # --exchange gradient's SGD momentum, the coordinator's default
-Tensors = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
     label: str
+    codec: str = ""  # the codec every link runs ("": a --switch schedule, from the label)
+    policy: dict[str, Any] = field(default_factory=dict)  # [policy] settings of the row
     goal: float | None = None  # allowed loss increase over FP32, as a fraction
-    feedback: bool = True
+    warmup: bool = False  # Top-k's density warm-up over --warmup rounds
 
 
 RUNS = [
-    Run("fp32"),
-    Run("fp16", goal=0.005),
-    Run("bf16"),
-    Run("topk 1% + EF", goal=0.01),
-    Run("topk 5% + EF", goal=0.01),
-    Run("topk 0.1% + EF + warm-up", goal=0.03),
-    Run("topk 1%, no EF", feedback=False),
-    Run("ecsgd 2-bit + EF", goal=0.03),
-    Run("ecsgd 1-bit + EF", goal=0.03),
+    Run("fp32", "fp32"),
+    Run("fp16", "fp16", goal=0.005),
+    Run("bf16", "bf16"),
+    Run("topk 1% + EF", "topk", {"topk_density": 0.01}, goal=0.01),
+    Run("topk 5% + EF", "topk", {"topk_density": 0.05}, goal=0.01),
+    Run("topk 0.1% + EF + warm-up", "topk", {"topk_density": 0.001}, goal=0.03, warmup=True),
+    Run("ecsgd 2-bit + EF", "ecsgd", {"ecsgd_bits": 2}, goal=0.03),
+    Run("ecsgd 1-bit + EF", "ecsgd", {"ecsgd_bits": 1}, goal=0.03),
 ]
+"""Every row has error feedback on both ends: the product's codecs have no other way."""
 
 
-def switching(label: str, gradient: bool) -> CodecAt:
+def switching(label: str, gradient: bool) -> tuple[Schedule, PolicyConfig]:
     """A ``--switch`` run: ``"fp16:50,topk:80,fp16"`` is FP16 for rounds 0-49, Top-k for
-    the next 80, then FP16, each codec with the coordinator's ``[policy]`` defaults for
-    the exchange, as a link policy switching at those rounds would run them.
-    ``"fp16:50,topk~10"`` warms Top-k's density up over its first 10 rounds, as
-    ``topk_warmup_rounds = 10`` does from a link's switch to Top-k."""
-    steps: list[tuple[int, CodecAt]] = []  # (first round after this step, codec by round)
-    end = 0
+    the next 80, then FP16, with the coordinator's ``[policy]`` defaults for the exchange;
+    ``"fp16:50,topk~10"`` warms Top-k's density up over 10 rounds from each switch to it
+    (``topk_warmup_rounds``, one per schedule). Returns every site's codec by round and
+    the policy."""
+    steps: list[tuple[int, str]] = []  # (first round after this step, codec)
+    warmups: set[int] = set()
     parts = label.split(",")
+    end = 0
     for i, part in enumerate(parts):
         named, _, rounds = part.partition(":")
         name, _, warmup = named.partition("~")
@@ -104,214 +103,75 @@ def switching(label: str, gradient: bool) -> CodecAt:
             raise ValueError(f"{part!r}: only the last codec may run without a round count")
         if rounds and int(rounds) <= 0:
             raise ValueError(f"{part!r}: a codec runs for at least one round")
+        if name not in codec_names():
+            raise ValueError(f"{part!r}: no codec {name!r} (one of {', '.join(codec_names())})")
         if warmup and (name != "topk" or int(warmup) <= 0):
             raise ValueError(f"{part!r}: only topk warms up, over at least one round")
-        policy = PolicyConfig(topk_warmup_rounds=int(warmup or 0))
-        policy = policy.for_gradient_exchange() if gradient else policy
-        steps.append((end + int(rounds) if rounds else 2**62, _step(name, policy, end)))
-        end = steps[-1][0]  # the last step lasts
-    return lambda t: next(codec_at(t) for until, codec_at in steps if t < until)
+        if warmup:
+            warmups.add(int(warmup))
+        end = end + int(rounds) if rounds else 2**62  # the last step lasts
+        steps.append((end, name))
+    if len(warmups) > 1:
+        raise ValueError(f"{label!r}: one warm-up per schedule (the policy's topk_warmup_rounds)")
+    policy = _policy({"topk_warmup_rounds": warmups.pop() if warmups else 0}, gradient)
+    return lambda _site, t: next(name for until, name in steps if t < until), policy
 
 
-def _step(name: str, policy: PolicyConfig, start: int) -> CodecAt:
-    """``name`` under ``policy`` in a step that starts at round ``start``."""
-    if not policy.topk_warmup_rounds:
-        # seed: reproducible rounding for a stochastic codec (EC-SGD), as in codec_at
-        codec = make_codec(name, seed=0, **policy.codec_params(name))
-        return lambda _: codec
-    return lambda t: make_codec(name, **policy.codec_params(name, t - start))
-
-
-def codec_at(label: str, warmup_rounds: int, gradient: bool) -> CodecAt:
-    """The codec schedule behind a run's label, with the coordinator's ``[policy]``
-    defaults for the exchange (``gradient``: ``--exchange gradient``)."""
-    if all(r.label != label for r in RUNS):  # a --switch schedule, even of one codec
-        return switching(label, gradient)
-    policy = PolicyConfig(topk_density=0.001, topk_warmup_rounds=warmup_rounds)
-    if gradient:
-        policy = policy.for_gradient_exchange()
-    if label.startswith("topk 0.1%"):  # with the policy's density warm-up
-        return lambda t: make_codec("topk", **policy.codec_params("topk", t))
-    if label.startswith("ecsgd"):
-        policy.ecsgd_bits = int(label.split()[1][0])
-        codec = make_codec("ecsgd", seed=0, **policy.codec_params("ecsgd"))
-        return lambda _: codec
-    fixed = {
-        "fp32": make_codec("fp32"),
-        "fp16": make_codec("fp16"),
-        "bf16": make_codec("bf16"),
-        "topk 1%": make_codec("topk", density=0.01),
-        "topk 5%": make_codec("topk", density=0.05),
-    }
-    codec = next(c for prefix, c in fixed.items() if label.startswith(prefix))
-    return lambda _: codec
-
-
-def framing_bytes(payload: bytes) -> int:
-    """The frame's header, codec parameters and padding (compression/frame.py): all
-    before the body."""
-    f = frame.unpack(payload, max_body=len(payload) << 4)
-    return len(frame.header(f.codec, f.shape, f.params))
-
-
-class Diverged(Exception):
-    """A site's update is no longer finite (codecs refuse such input)."""
-
-
-class Exchange:
-    """One round trip of every tensor: N uplinks, the average, the outer step, the downlink.
-
-    Counts the payload bytes it puts on the wire: every uplink, and the broadcast once per
-    receiving site (the coordinator sends each member its own copy)."""
-
-    def __init__(self, sites: int, feedback: bool, outer: OuterOptimizer | None = None) -> None:
-        self.uplinks = [ErrorFeedback() for _ in range(sites)]
-        self.downlink = ErrorFeedback()
-        self.feedback = feedback
-        # The coordinator's outer step on the mean, before the downlink's codec (None: the
-        # mean as it is, federated averaging at rate 1).
-        self.outer = outer
-        self.bytes_up = 0  # payload bytes, all uplinks together
-        self.bytes_down = 0  # payload bytes, the broadcast times the sites receiving it
-        # Of those, the frames' headers and codec parameters (fixed per tensor, ~60 B for
-        # Top-k: what dominates a tiny model's sparse payloads), both ways.
-        self.bytes_framing = 0
-
-    def send(self, ef: ErrorFeedback, codec: Codec, tensors: Tensors) -> tuple[Tensors, int, int]:
-        """What the receiver decodes of ``tensors`` sent together (one contribution), the
-        payload bytes that took, and how many of them were the frames' headers."""
-        if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
-            raise Diverged
-        if not self.feedback:
-            payloads = {k: codec.encode(g) for k, g in tensors.items()}
-        else:
-            payloads = dict(ef.encode(codec, tensors.items()))
-        sent = sum(len(p) for p in payloads.values())
-        framing = sum(framing_bytes(p) for p in payloads.values())
-        decoded = {k: decode_payload(p, shape=tensors[k].shape) for k, p in payloads.items()}
-        return decoded, sent, framing
-
-    def average(self, codec: Codec, sent: list[Tensors]) -> Tensors:
-        return self.round_trip(codec, sent)[0]
-
-    def round_trip(self, codec: Codec, sent: list[Tensors]) -> tuple[Tensors, list[Tensors]]:
-        """The decoded broadcast, and what each uplink delivered."""
-        ups = []
-        for ef, tensors in zip(self.uplinks, sent, strict=True):
-            delivered, size, framing = self.send(ef, codec, tensors)
-            ups.append(delivered)
-            self.bytes_up += size
-            self.bytes_framing += framing
-        mean = {key: sum(u[key] for u in ups) / len(sent) for key in sent[0]}
-        if self.outer is not None:
-            mean = dict(zip(mean, self.outer.step(list(mean.values())), strict=True))
-        down, size, framing = self.send(self.downlink, codec.for_downlink(len(sent)), mean)
-        self.bytes_down += size * len(sent)
-        self.bytes_framing += framing * len(sent)
-        return down, ups
-
-    def data_parallel_step(self, codec: Codec, sites: list[Site]) -> None:
-        """Every site's gradient exchanged and averaged, then one step of the (shared)
-        model's optimizer on the mean: data-parallel training over this exchange."""
-        mean = self.average(codec, [s.gradient() for s in sites])
-        params = dict(sites[0].model.named_parameters())
-        for name, g in mean.items():
-            params[name].grad = g
-        sites[0].optimizer.step()
-
-
-class Site:
-    """One simulated agent: its batches and its own optimizer over the shared model."""
-
-    def __init__(
-        self, task: Task, model: nn.Module, shard: int, sites: int, seed: int, sgd_lr: float
-    ) -> None:
-        self.task = task
-        self.model = model
-        self.batches = task.batches(shard, sites, seed)
-        self.optimizer = task.make_optimizer(model.parameters())
-        # The agent's exchange = "gradient", when the run uses it.
-        self.correction = MomentumCorrection(sgd_lr, MOMENTUM) if sgd_lr else None
-
-    def momentum_step(self) -> Tensors:
-        """The agent's ``exchange = "gradient"``: ``lr * u`` after ``u = m u + g``."""
-        assert self.correction is not None
-        gradients = self.gradient()
-        return dict(zip(gradients, self.correction.step(list(gradients.values())), strict=True))
-
-    def gradient(self) -> Tensors:
-        """The gradient of the loss on this site's next batch (left in ``.grad`` too)."""
-        self.model.zero_grad(set_to_none=True)
-        self.task.loss(self.model, next(self.batches)).backward()
-        return {n: p.grad.detach() for n, p in self.model.named_parameters()}
-
-    def delta(self, local_steps: int) -> Tensors:
-        """``w_start - w_end`` over ``local_steps`` AdamW steps; the weights are restored."""
-        named = dict(self.model.named_parameters())
-        start = {n: p.detach().clone() for n, p in named.items()}
-        for _ in range(local_steps):
-            self.gradient()
-            self.optimizer.step()
-        with torch.no_grad():
-            delta = {n: start[n] - p for n, p in named.items()}
-            for n, p in named.items():
-                p.copy_(start[n])
-        return delta
+def _policy(settings: dict[str, Any], gradient: bool) -> PolicyConfig:
+    """The coordinator's ``[policy]`` with ``settings``, for the exchange."""
+    policy = PolicyConfig(**settings)
+    return policy.for_gradient_exchange() if gradient else policy
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     rounds: int
     sites: int
-    local_steps: int  # 0: exchange gradients every step, AdamW after aggregation
+    local_steps: int
     warmup_rounds: int
-    sgd_lr: float = 0.0  # > 0: Deep Gradient Compression's setting at this SGD rate
+    sgd_lr: float = 0.0  # > 0: the coordinator's exchange = "gradient" at this SGD rate
     outer_lr: float = 1.0  # the coordinator's outer_lr: w -= outer_lr * mean
 
 
-def train(label: str, seed: int, cfg: Config) -> float:
-    """Held-out loss after ``cfg.rounds`` compressed exchanges; inf if training diverged."""
-    try:
-        return _train(label, seed, cfg)
-    except Diverged:
-        return math.inf
-
-
-def _train(label: str, seed: int, cfg: Config) -> float:
-    torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    task = load_task("chargpt")
-    model = task.build_model(seed)
+def simulation(label: str, seed: int, cfg: Config) -> Simulation:
+    """The federation a row's label describes, ready to run its rounds."""
     overlap = label.endswith(OVERLAP)
     label = label.removesuffix(OVERLAP)
-    run = next((r for r in RUNS if r.label == label), Run(label))  # or a --switch run
-    schedule = codec_at(label, cfg.warmup_rounds, gradient=cfg.sgd_lr > 0)
-    sites = [Site(task, model, shard, cfg.sites, seed, cfg.sgd_lr) for shard in range(cfg.sites)]
-    exchange = Exchange(cfg.sites, run.feedback)
-    params = dict(model.named_parameters())
-    pending: Tensors | None = None  # overlap: the aggregate in flight while sites train
-    for t in range(cfg.rounds):
-        codec = schedule(t)
-        if cfg.sgd_lr:
-            mean, ups = exchange.round_trip(codec, [s.momentum_step() for s in sites])
-            for site, delivered in zip(sites, ups, strict=True):  # Top-k's momentum masking
-                assert site.correction is not None
-                site.correction.mask(list(delivered.values()), codec)
-        elif cfg.local_steps == 0:
-            exchange.data_parallel_step(codec, sites)
-            continue
-        else:
-            mean = exchange.average(codec, [s.delta(cfg.local_steps) for s in sites])
-        if overlap:  # these deltas were computed before the previous round's aggregate
-            mean, pending = pending, mean
-        with torch.no_grad():
-            for name, u in (mean or {}).items():
-                params[name].sub_(u, alpha=cfg.outer_lr)
-    if overlap and pending:  # the last round's aggregate, once its exchange is done
-        with torch.no_grad():
-            for name, u in pending.items():
-                params[name].sub_(u, alpha=cfg.outer_lr)
-    return task.eval_loss(model)
+    gradient = cfg.sgd_lr > 0
+    run = next((r for r in RUNS if r.label == label), None)
+    if run is None:  # a --switch schedule, even of one codec
+        schedule, policy = switching(label, gradient)
+    else:
+        warmup = {"topk_warmup_rounds": cfg.warmup_rounds} if run.warmup else {}
+        schedule, policy = (lambda _s, _t: run.codec), _policy({**run.policy, **warmup}, gradient)
+    rules = RoundRules(
+        outer=OuterSettings.resolve("sgd", cfg.outer_lr, None), policy=policy, seed=seed
+    )
+    local_steps = 1 if gradient else cfg.local_steps
+    return Simulation(
+        "chargpt",
+        sharded(cfg.sites, local_steps=local_steps),
+        rules,
+        seed=seed,
+        exchange="gradient" if gradient else "delta",
+        sgd_lr=cfg.sgd_lr or 0.1,
+        sgd_momentum=MOMENTUM,
+        overlap=overlap,
+        schedule=schedule,
+    )
+
+
+def train(label: str, seed: int, cfg: Config) -> float:
+    """Held-out loss after ``cfg.rounds`` rounds; inf if training diverged."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    sim = simulation(label, seed, cfg)
+    try:
+        for _ in range(cfg.rounds):
+            sim.round()
+    except Diverged:
+        return math.inf
+    return sim.evaluate()
 
 
 def row(run: Run, losses: list[float], reference: list[float]) -> str:
@@ -341,9 +201,7 @@ def main() -> None:
         "steps (default 256), or per task, e.g. chargpt=4096,digits=1024",
     )
     parser.add_argument("--local-steps", type=int, default=4, help="AdamW steps per round")
-    parser.add_argument(
-        "--exchange", choices=("delta", "gradient", "gradient-adamw"), default="delta"
-    )
+    parser.add_argument("--exchange", choices=("delta", "gradient"), default="delta")
     parser.add_argument("--sgd-lr", type=float, default=0.1, help="--exchange gradient's rate")
     parser.add_argument(
         "--sites", type=int, default=None, help="simulated agents (default 3; --to-target 2)"
@@ -385,7 +243,8 @@ def main() -> None:
         default="",
         help="--to-target: these configurations instead of the grid, ';'-separated, e.g. "
         '"H=16 sgd topk 1%% 2-bit; H=64 nesterov:lr=0.3,m=0.8 fp16"; "H=128,lr=4.5e-3 ...": '
-        "the local steps' own inner AdamW rate (the reference keeps the task's)",
+        "the local steps' own inner AdamW rate (the reference keeps the task's); a codec "
+        'ending in " + overlap": the coordinator\'s overlap = true',
     )
     parser.add_argument(
         "--cap",
@@ -413,13 +272,21 @@ def main() -> None:
         "seed's targets as the configurations are: how often data-parallel reaches its own "
         "target (default 'same': no row)",
     )
+    parser.add_argument(
+        "--record", metavar="WHAT", help="also write bench/results/<date>-convergence-WHAT.md"
+    )
     args = parser.parse_args()
+    with recording("convergence", args.record, sys.argv[1:]):
+        run(parser, args)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.to_target or args.quick:
         to_target(parser, args)
         return
     if args.overlap and args.exchange != "delta":
         parser.error("--overlap needs --exchange delta (the agent overlaps local steps)")
-    local_steps = 0 if args.exchange == "gradient-adamw" else args.local_steps
+    local_steps = args.local_steps
     try:
         rounds = 50 if args.rounds is None else int(args.rounds)
     except ValueError:
@@ -438,9 +305,11 @@ def main() -> None:
     selected = [
         r for r in RUNS if r.label == "fp32" or not picks or r.label.startswith(tuple(picks))
     ] + [Run(schedule) for schedule in args.switch]
+    if sgd_lr:  # the coordinator refuses 1-bit EC-SGD under gradient exchange
+        selected = [r for r in selected if r.policy.get("ecsgd_bits") != 1]
     if args.overlap:
-        selected += [Run(r.label + OVERLAP, feedback=r.feedback) for r in selected]
-    mode = f"{local_steps} local AdamW steps per round" if local_steps else "AdamW on gradients"
+        selected += [replace(r, label=r.label + OVERLAP, goal=None) for r in selected]
+    mode = f"{local_steps} local AdamW steps per round"
     if sgd_lr:
         mode = f"gradient exchange, momentum SGD at {sgd_lr:g} with DGC's momentum correction"
     print(

@@ -11,9 +11,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import targets  # bench/, the script's own folder
 import torch
-from convergence import Exchange, Site
+from baseline import DataParallel
 
-from skyfed.compression import make_codec
 from skyfed.tasks import load_task
 
 
@@ -23,15 +22,13 @@ def curve(task_key: str, steps: int, seed: int) -> list[tuple[int, float]]:
     sizes = targets.Sizes(steps=steps, cap=1.5, sites=2, seeds=(seed,))
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(sizes.task(task_key))
-    model = task.build_model(seed)
-    sites = [Site(task, model, s, 2, seed, 0.0) for s in range(2)]
-    exchange, fp32, e = Exchange(2, feedback=True), make_codec("fp32"), sizes.eval_every
+    dp = DataParallel(load_task(sizes.task(task_key)), seed, sizes.sites)
+    e = sizes.eval_every
     out = []
     for step in range(1, steps + targets.SMOOTH * e + 1):
-        exchange.data_parallel_step(fp32, sites)
+        dp.step()
         if abs(step - steps) <= targets.SMOOTH * e and (step - steps) % e == 0:
-            out.append((step, task.eval_loss(model)))
+            out.append((step, dp.eval_loss()))
     return out
 
 

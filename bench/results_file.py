@@ -3,10 +3,14 @@ with the command, the commit, the date, the host and the output (docs/results.md
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
 import os
 import shlex
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -25,7 +29,7 @@ def record(
     text = [
         f"# {title or f'bench/{bench}.py: {what}'}",
         "",
-        f"- command: `python bench/{bench}.py {shlex.join(argv)}`",
+        f"- command: `{_lock_prefix()}python bench/{bench}.py {shlex.join(argv)}`",
         f"- commit: `{commit}`",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- host: {host()}, load average {load} at the end"
@@ -44,6 +48,44 @@ def record(
     else:
         path.write_text("\n".join(text))
     return path
+
+
+def _lock_prefix() -> str:
+    """``flock LOCK `` when an ancestor process is the heavy-run lock's ``flock``, else ''
+    (the record then says the run had the host's heavy work to itself)."""
+    pid = os.getppid()
+    while pid > 1:
+        proc = Path(f"/proc/{pid}")
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            pid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return ""
+        if args and Path(args[0].decode()).name == "flock" and len(args) > 1:
+            return f"flock {args[1].decode()} "
+    return ""
+
+
+@contextlib.contextmanager
+def recording(bench: str, what: str | None, argv: list[str]) -> Iterator[None]:
+    """Print as usual and, with ``what``, keep what was printed as its record (on exit)."""
+    if what is None:
+        yield
+        return
+    kept = io.StringIO()
+    out = sys.stdout
+
+    class Tee(io.TextIOBase):
+        def write(self, text: str) -> int:
+            kept.write(text)
+            return out.write(text)
+
+        def flush(self) -> None:
+            out.flush()
+
+    with contextlib.redirect_stdout(Tee()):
+        yield
+    print(f"recorded: {record(bench, what, argv, kept.getvalue().splitlines())}")
 
 
 def _commit() -> str:

@@ -2,68 +2,74 @@
 
     python bench/robust.py --rounds 50 --seeds 0,1 --jobs 2
 
-The embedded task on ``--sites`` simulated sites, FP32 both ways, ``delta`` exchange
-(``bench/convergence.py``'s ``Site``). Each round the coordinator combines the sites'
-deltas as ``coordinator/inbound.py`` does: each weighted by ``min(samples,
-max_samples)``, and with ``--clip`` each scaled to at most ``clip_norm_ratio`` x the
-median of the recent accepted norms (``coordinator/robust.py``'s ``NormBound``, the same
-code). ``attack`` makes site 0 claim ``samples = 2^24`` and send its delta x ``--scale``
-every round. The table gives the held-out loss after the last round.
+The embedded task on ``--sites`` simulated sites (``skyfed/simulate.py``: the agent's own
+sites and the coordinator's own round), FP32 both ways, ``delta`` exchange, 4 local AdamW
+steps. The round combines the sites' deltas as the coordinator does
+(``coordinator/round.py``): each weighted by ``min(samples, max_samples)``, and with
+``--clip`` each scaled to at most ``clip_norm_ratio`` x the lower median of the round's
+and the recent rounds' accepted norms (``coordinator/robust.py``). ``attack`` makes site 0
+claim ``samples = 2^24`` and send its delta x ``--scale`` every round. The table gives the
+coordinator's held-out loss after the last round.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from convergence import Site  # noqa: E402
+from skyfed.agent.trainer import LocalResult
+from skyfed.compression import decode_payload, make_codec
+from skyfed.coordinator.model import RoundRules
+from skyfed.simulate import Diverged, Simulation, Tamper, sharded
+from skyfed.wire import Payload
 
-from skyfed.coordinator.robust import NormBound  # noqa: E402
-from skyfed.tasks import load_task  # noqa: E402
-
-HONEST_SAMPLES = 64  # 4 local steps x batch 16
 ATTACK_SAMPLES = 1 << 24
-MAX_SAMPLES = 64
+MAX_SAMPLES = 64  # 4 local steps x batch 16: every honest site's samples
+
+
+def attacker(scale: float, shapes: list[tuple[int, ...]]) -> Tamper:
+    """Site 0 claims :data:`ATTACK_SAMPLES` and sends its delta x ``scale`` (``shapes``:
+    the model's tensors')."""
+    fp32 = make_codec("fp32")
+
+    def tamper(
+        site: int, result: LocalResult, payloads: list[Payload]
+    ) -> tuple[int, list[Payload]]:
+        if site != 0:
+            return result.samples, payloads
+        scaled = [
+            dataclasses.replace(
+                p, data=bytes(fp32.encode(decode_payload(p.data, shape=shapes[p.tensor]) * scale))
+            )
+            for p in payloads
+        ]
+        return ATTACK_SAMPLES, scaled
+
+    return tamper
 
 
 def train(seed: int, rounds: int, sites: int, clip: float, attack: bool, scale: float) -> float:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task("chargpt")
-    model = task.build_model(seed)
-    group = [Site(task, model, shard, sites, seed, 0.0) for shard in range(sites)]
-    bound = NormBound(clip)
-    params = dict(model.named_parameters())
-    for _ in range(rounds):
-        total, weight = None, 0
-        for i, site in enumerate(group):
-            delta = site.delta(4)
-            samples = HONEST_SAMPLES
-            if attack and i == 0:
-                delta = {k: v * scale for k, v in delta.items()}
-                samples = ATTACK_SAMPLES
-            w = min(samples, MAX_SAMPLES)
-            norm = math.sqrt(sum(float(v.double().square().sum()) for v in delta.values()))
-            factor = bound.factor(norm)
-            bound.record(norm * factor)
-            part = {k: v * (w * factor) for k, v in delta.items()}
-            total = part if total is None else {k: total[k] + part[k] for k in total}
-            weight += w
-        with torch.no_grad():
-            for name, u in total.items():
-                params[name].sub_(u / weight)
-        if not all(bool(torch.isfinite(p).all()) for p in params.values()):
-            return math.inf
-    return task.eval_loss(model)
+    rules = RoundRules(max_samples=MAX_SAMPLES, clip_norm_ratio=clip, seed=seed)
+    sim = Simulation("chargpt", sharded(sites, local_steps=4), rules, seed=seed)
+    if attack:
+        sim.tamper = attacker(scale, [t.shape for t in sim.model.spec])
+    try:
+        for _ in range(rounds):
+            sim.round()
+    except Diverged:
+        return math.inf
+    if not all(bool(torch.isfinite(w).all()) for w in sim.model.weights):
+        return math.inf
+    return sim.evaluate()
 
 
 def main() -> None:

@@ -8,9 +8,9 @@ the held-out loss that per-step FP32 data-parallel training reaches after S step
     python bench/convergence.py --to-target --payloads   # one contribution's bytes per codec
 
 A codec's compression ratio is not what a user pays; bytes (and steps) to a loss are. The
-reference is data parallelism as all-reduce runs it: every step, every site's gradient
-goes up in FP32 and the mean comes back in FP32, and the task's optimizer steps on it
-(``Exchange.data_parallel_step``). Its held-out loss after S steps, seed by seed, is the
+reference is the baseline, not skyfed: data parallelism as all-reduce runs it, every step
+every site's gradient up in FP32 and the mean back in FP32, and the task's optimizer
+stepping on it (``bench/baseline.py``). Its held-out loss after S steps, seed by seed, is the
 target: the point target, one evaluation at S; the smoothed target, the mean of its 11
 evaluations at S - 5e ... S + 5e (e = 2 % of S), which estimates the same curve at S
 without the one draw's noise; and the banded target, the smoothed one plus that mean's
@@ -18,12 +18,13 @@ standard error (a seed reached within the target's own noise). Each has its tabl
 per-seed table after them gives the targets and each configuration's steps to each, and
 a line counts the seeds on which each configuration reaches the point target within the
 cap at >= 1000x. Every configuration (local steps, outer optimizer, codec) then runs the
-federation's round (``convergence.Exchange``: each site's codec with its own error
-feedback, the mean, the coordinator's :class:`~skyfed.coordinator.outer.OuterOptimizer`,
-the downlink's codec with the coordinator's error feedback) until its held-out loss
-reaches the target, or the step cap. Each evaluation of the held-out loss is the mean
-over 10 fixed held-out batches (chargpt) or over all held-out images (digits), the same
-batches every time, so two evaluations differ only by the weights.
+product's round in one process (``skyfed/simulate.py``: the agent's own sites, each
+link's codec with the policy's parameters and its own error feedback, the coordinator's
+weighted mean, norm clipping, outer step and downlink with its error feedback) until the
+coordinator's held-out evaluation of its weights reaches the target, or the step cap.
+Each evaluation of the held-out loss is the mean over 10 fixed held-out batches (chargpt)
+or over all held-out images (digits), the same batches every time, so two evaluations
+differ only by the weights.
 
 Each table gives, per configuration, the seeds that reached the target, the payload bytes
 up and down to it (the uplink of every site, the broadcast once per site), the ratio of
@@ -48,18 +49,19 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
-from convergence import Diverged, Exchange, Site, framing_bytes
+from baseline import DataParallel
 from results_file import host
 
-from skyfed.compression import Codec, ErrorFeedback, frame, lowbit, make_codec
+from skyfed.compression import frame, lowbit, make_codec
 from skyfed.compression.policy import PolicyConfig
 from skyfed.compression.topk import Params as TopkParams
-from skyfed.coordinator.outer import OUTER_OPTIMIZERS, OuterOptimizer, OuterSettings
+from skyfed.coordinator.model import RoundRules
+from skyfed.coordinator.outer import OUTER_OPTIMIZERS, OuterSettings
+from skyfed.simulate import Diverged, Simulation, sharded
 from skyfed.tasks import load_task
 
 STEP_GOAL = 1.5  # the issue's bound: at most this many times the reference's steps
@@ -72,19 +74,16 @@ TASKS = {
 }
 
 
-def _policy_codec(name: str, **policy: object) -> Callable[[], Codec]:
-    """The codec the coordinator's ``[policy]`` would build with these settings."""
-    params = PolicyConfig(**policy).codec_params(name)  # type: ignore[arg-type]
-    return lambda: make_codec(name, seed=0, **params)
+CodecPolicy = tuple[str, PolicyConfig]
+"""A codec every link runs, and the coordinator's ``[policy]`` that sets its parameters."""
 
-
-# label -> the codec, with the policy's parameters under the delta exchange
-CODECS: dict[str, Callable[[], Codec]] = {
-    "fp32": _policy_codec("fp32"),
-    "fp16": _policy_codec("fp16"),
-    "topk 5% int8": _policy_codec("topk"),
-    "topk 5% 2-bit": _policy_codec("topk", topk_bits=2),
-    "ecsgd 2-bit": _policy_codec("ecsgd"),
+# label -> the codec and its policy under the delta exchange
+CODECS: dict[str, CodecPolicy] = {
+    "fp32": ("fp32", PolicyConfig()),
+    "fp16": ("fp16", PolicyConfig()),
+    "topk 5% int8": ("topk", PolicyConfig()),
+    "topk 5% 2-bit": ("topk", PolicyConfig(topk_bits=2)),
+    "ecsgd 2-bit": ("ecsgd", PolicyConfig()),
 }
 LOCAL_STEPS = (1, 4, 16, 64)
 # (local steps, outer optimizer spec, codec label[, inner lr]): ``H=128,lr=4.5e-3`` gives the
@@ -97,10 +96,17 @@ _CONFIG_LABEL = re.compile(r"H=(\d+)(?:,lr=([0-9.eE+-]+))? (\S+) (.+)")
 OTHER_ORDER: Config = (1, "data-parallel", "fp32")
 
 
-def codec_factory(label: str) -> Callable[[], Codec]:
-    """A codec label's factory: one of :data:`CODECS`, ``topk P% int8``, ``topk P% N-bit``
-    (N = 2, 3, 4) or ``ecsgd N-bit`` (N = 1, 2, 4; ``ecsgd 2-bit b128``: blocks of 128),
-    with the policy's other parameters."""
+OVERLAP = " + overlap"
+"""A codec label's suffix: the configuration runs the coordinator's ``overlap = true``."""
+
+
+def codec_policy(label: str) -> CodecPolicy:
+    """A codec label's codec and policy: one of :data:`CODECS`, ``topk P% int8``,
+    ``topk P% N-bit`` (N = 2, 3, 4) or ``ecsgd N-bit`` (N = 1, 2, 4; ``ecsgd 2-bit b128``:
+    blocks of 128), with the policy's other parameters (at 64 local steps or more, EC-SGD
+    without ``bB`` gets the long-phase rule's blocks, as a far link does); either may end
+    in :data:`OVERLAP`."""
+    label = label.removesuffix(OVERLAP)
     if label in CODECS:
         return CODECS[label]
     match = _CODEC_LABEL.fullmatch(label)
@@ -112,9 +118,9 @@ def codec_factory(label: str) -> Callable[[], Codec]:
     density, width, ecsgd, block = match.groups()
     if ecsgd:
         blocks = {"ecsgd_block": int(block)} if block else {}
-        return _policy_codec("ecsgd", ecsgd_bits=int(ecsgd), **blocks)
+        return "ecsgd", PolicyConfig(ecsgd_bits=int(ecsgd), **blocks)
     bits = 8 if width == "int8" else int(width[0])
-    return _policy_codec("topk", topk_density=float(density) / 100, topk_bits=bits)
+    return "topk", PolicyConfig(topk_density=float(density) / 100, topk_bits=bits)
 
 
 def outer_settings(spec: str) -> OuterSettings:
@@ -140,7 +146,7 @@ def parse_config(text: str) -> Config:
             f"configuration {text!r}: 'H=<local steps>[,lr=<inner lr>] <outer> <codec>'"
         )
     outer_settings(match[3])
-    codec_factory(match[4])
+    codec_policy(match[4])
     if match[2] is None:
         return int(match[1]), match[3], match[4]
     try:
@@ -244,22 +250,18 @@ def reference(task_key: str, seed: int, sizes: Sizes) -> Reference:
     that noise alone (docs/outer-optimizer.md)."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(sizes.task(task_key))
-    model = task.build_model(seed)
-    sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
-    exchange = Exchange(sizes.sites, feedback=True)  # FP32 leaves no residual
-    fp32 = make_codec("fp32")
+    dp = DataParallel(load_task(sizes.task(task_key)), seed, sizes.sites)
     every = sizes.eval_every
     window: list[float] = []
     point, total, framing = math.nan, 0, 0
     for step in range(1, sizes.steps + SMOOTH * every + 1):
-        exchange.data_parallel_step(fp32, sites)
+        dp.step()
         if step == sizes.steps:
-            point = task.eval_loss(model)
-            total, framing = exchange.bytes_up + exchange.bytes_down, exchange.bytes_framing
+            point = dp.eval_loss()
+            total, framing = dp.bytes, dp.framing
             window.append(point)
         elif abs(step - sizes.steps) <= SMOOTH * every and (step - sizes.steps) % every == 0:
-            window.append(task.eval_loss(model))
+            window.append(dp.eval_loss())
     noise = statistics.stdev(window) / math.sqrt(len(window)) if len(window) > 1 else 0.0
     return Reference(point, total, framing, statistics.fmean(window), noise)
 
@@ -278,63 +280,57 @@ def reference_other_order(
     only the data order changes (``config`` is :data:`OTHER_ORDER`, for :func:`run`)."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(sizes.task(task_key))
-    model = task.build_model(seed)  # the reference's initial weights
-    sites = [
-        Site(task, model, shard, sizes.sites, seed + ORDER_OFFSET, 0.0)
-        for shard in range(sizes.sites)
-    ]
-    exchange = Exchange(sizes.sites, feedback=True)
-    fp32 = make_codec("fp32")
+    dp = DataParallel(load_task(sizes.task(task_key)), seed, sizes.sites, seed + ORDER_OFFSET)
     cap = int(sizes.cap * sizes.steps)
     evaluations: Trajectory = []
     for step in range(1, cap + 1):
-        exchange.data_parallel_step(fp32, sites)
+        dp.step()
         if step % sizes.eval_every == 0 or step in (sizes.steps, cap):
-            evaluations.append(_reached(exchange, step, task.eval_loss(model)))
-            if evaluations[-1].loss <= target:
+            loss = dp.eval_loss()
+            evaluations.append(Reached(step, dp.bytes // 2, dp.bytes // 2, False, loss, dp.framing))
+            if loss <= target:
                 break
     return evaluations
+
+
+def simulation(task_key: str, seed: int, sizes: Sizes, config: Config) -> Simulation:
+    """The federation a configuration describes: ``sizes.sites`` sites, site ``i`` on shard
+    ``i`` of the data (the reference's batches), every link on the configuration's codec."""
+    local_steps, outer, codec_label = config[:3]
+    inner_lr = config[3] if len(config) > 3 else None  # the local steps' own rate, if set
+    codec, policy = codec_policy(codec_label)
+    rules = RoundRules(outer=outer_settings(outer), policy=policy, seed=seed)
+    sites = sharded(sizes.sites, local_steps=local_steps, codec=codec)
+    overlap = codec_label.endswith(OVERLAP)
+    return Simulation(sizes.task(task_key, inner_lr), sites, rules, seed=seed, overlap=overlap)
 
 
 def reach(task_key: str, seed: int, sizes: Sizes, config: Config, target: float) -> Trajectory:
     """One configuration's rounds until its held-out loss is at most ``target`` (the lower
     of the definitions'), every evaluation on the way: :func:`first` reads off when each
     definition's target was met."""
-    local_steps, outer, codec_label = config[:3]
-    inner_lr = config[3] if len(config) > 3 else None  # the local steps' own rate, if set
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    task = load_task(sizes.task(task_key, inner_lr))
-    model = task.build_model(seed)
-    sites = [Site(task, model, shard, sizes.sites, seed, 0.0) for shard in range(sizes.sites)]
-    exchange = Exchange(sizes.sites, feedback=True, outer=OuterOptimizer(outer_settings(outer)))
-    codec = codec_factory(codec_label)()
-    params = dict(model.named_parameters())
-    steps, evaluated = 0, 0
+    sim = simulation(task_key, seed, sizes, config)
+    evaluated = 0
     cap = int(sizes.cap * sizes.steps)
     evaluations: Trajectory = []
-    while steps < cap:
+    while sim.steps < cap:
         try:
-            step = exchange.average(codec, [s.delta(local_steps) for s in sites])
+            sim.round()
         except Diverged:
-            evaluations.append(_reached(exchange, steps, math.inf))
+            evaluations.append(_reached(sim, math.inf))
             return evaluations
-        with torch.no_grad():
-            for name, u in step.items():
-                params[name].sub_(u)
-        steps += local_steps
-        if steps - evaluated >= sizes.eval_every or steps >= cap:
-            evaluated = steps
-            evaluations.append(_reached(exchange, steps, task.eval_loss(model)))
+        if sim.steps - evaluated >= sizes.eval_every or sim.steps >= cap:
+            evaluated = sim.steps
+            evaluations.append(_reached(sim, sim.evaluate()))
             if evaluations[-1].loss <= target:
                 break
     return evaluations
 
 
-def _reached(exchange: Exchange, steps: int, loss: float) -> Reached:
-    up, down = exchange.bytes_up, exchange.bytes_down
-    return Reached(steps, up, down, False, loss, exchange.bytes_framing)
+def _reached(sim: Simulation, loss: float) -> Reached:
+    return Reached(sim.steps, sim.bytes_up, sim.bytes_down, False, loss, sim.framing)
 
 
 def first(evaluations: Trajectory, target: float) -> Reached:
@@ -346,20 +342,18 @@ def first(evaluations: Trajectory, target: float) -> Reached:
 
 
 def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
-    """One contribution's bytes per codec of the grid, both ways, and the frames' share:
-    what bounds the ratio per round on a model of this many tensors. The delta is a
-    site's first round of 16 local steps (seed 0)."""
+    """One contribution's bytes per codec of the grid, and the broadcast's, each with the
+    frames' share: what bounds the ratio per round on a model of this many tensors. The
+    round is the simulation's first, of 16 local steps (seed 0); the contribution is
+    site 0's."""
     codecs = list(dict.fromkeys(c[2] for c in sizes.grid() if c != OTHER_ORDER))
     for t in tasks:
-        torch.manual_seed(0)
-        task = load_task(sizes.task(t))
-        model = task.build_model(0)
-        site = Site(task, model, 0, sizes.sites, 0, 0.0)
-        delta = site.delta(16)
-        raw = 4 * sum(v.numel() for v in delta.values())
-        small = sum(v.numel() for v in delta.values() if v.numel() < 1024)
+        model = load_task(sizes.task(t)).build_model(0)
+        numel = [p.numel() for p in model.parameters()]
+        raw = 4 * sum(numel)
+        small = sum(n for n in numel if n < 1024)
         print(
-            f"\n{t}: {raw // 4} parameters in {len(delta)} tensors ({small} in tensors under "
+            f"\n{t}: {raw // 4} parameters in {len(numel)} tensors ({small} in tensors under "
             f"1024 elements); FP32 {raw} B per contribution"
         )
         print(
@@ -367,14 +361,15 @@ def payloads(sizes: Sizes, tasks: tuple[str, ...]) -> None:
             f"{'indices':>9}{'ratio':>8}"
         )
         for label_ in codecs:
-            codec = codec_factory(label_)()
+            torch.manual_seed(0)
+            sim = simulation(t, 0, sizes, (16, "sgd", label_))
+            result = sim.round(keep=True)
             cells = ""
             total = 0
-            for each in (codec, codec.for_downlink(sizes.sites)):
-                sent = dict(ErrorFeedback().encode(each, delta.items()))
-                size = sum(len(p) for p in sent.values())
-                framing = sum(framing_bytes(p) for p in sent.values())
-                indices = sum(_index_bytes(p) for p in sent.values())
+            for sent in (result.uplinks[0], result.broadcast):
+                size = sum(map(len, sent))
+                framing = sum(map(frame.header_length, sent))
+                indices = sum(map(_index_bytes, sent))
                 cells += f"{size:>8}{framing:>9}{indices:>9}"
                 total += size
             print(f"{label_:<22}{cells}{2 * raw / total:>7.1f}x")
@@ -392,7 +387,7 @@ def _index_bytes(payload: bytes) -> int:
         values = lowbit.section_bytes(p.k, p.bits, p.block)
     else:
         values = p.k * (1 if p.value_kind == 0 else 2)
-    return len(payload) - framing_bytes(payload) - values
+    return len(payload) - frame.header_length(payload) - values
 
 
 def label(config: Config) -> str:

@@ -1,8 +1,9 @@
 """Gradient codecs, their error-feedback state, and the link policy that picks among them."""
 
-from skyfed.compression.base import Codec, Parsed, PayloadError
+from skyfed.compression.base import Capabilities, Codec, Parsed, PayloadError
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.registry import (
+    capabilities,
     check_payload,
     check_payload_parsed,
     check_pieces_payload,
@@ -14,14 +15,17 @@ from skyfed.compression.registry import (
     make_codec,
     needs_check_scratch,
     payload_codec,
+    register,
     rounding_seed,
 )
 
 __all__ = [
+    "Capabilities",
     "Codec",
     "ErrorFeedback",
     "Parsed",
     "PayloadError",
+    "capabilities",
     "check_payload",
     "check_pieces_payload",
     "check_payload_parsed",
@@ -33,5 +37,6 @@ __all__ = [
     "keeps_parse",
     "make_codec",
     "payload_codec",
+    "register",
     "rounding_seed",
 ]

@@ -1,4 +1,12 @@
-"""The codec interface: one tensor in, one self-describing payload out, and back."""
+"""The codec interface: one tensor in, one self-describing payload out, and back.
+
+A codec is ``encode`` and ``decode`` and a :class:`Capabilities` that says what it is; a
+new one is a file with its class and a line in ``compression/registry.py``
+(docs/add-a-codec.md). Every other method of :class:`Codec` is a fast path with a correct
+default built on those two: a codec overrides one only for speed, and its result stays
+bit for bit the default's (docs/codecs-performance.md). Which fast paths a codec has is
+read from what it overrides (:func:`overrides`), so no flag can disagree with the code.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
@@ -20,6 +29,32 @@ class PayloadError(ValueError):
     """A payload that is truncated, corrupted, foreign or inconsistent with its header."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What a codec is, as data: the policy, error feedback, the downlink, an agent's
+    momentum and the run report read this, never a table of codec names."""
+
+    heaviness: int
+    """Its place among the codecs, lightest compression first (fp32 0, bf16 10, fp16 20,
+    topk 30, ecsgd 40: a new codec takes a number between its neighbours). The policy's
+    ladder follows it where no measured ratio orders two codecs, and the downlink sends
+    the heaviest codec of its round's links."""
+    lossless: bool = False
+    """``D(C(x)) == x``: a downlink of it holds no residual once the backlog is out."""
+    sends_all: bool = False
+    """Sends every element of its input up to rounding, so it would send a whole residual
+    at once: error feedback gives it at most the update's norm of it per round
+    (:func:`~skyfed.compression.feedback.release_share`)."""
+    sparse: bool = False
+    """Sends only some coordinates of a tensor, the rest waiting in the residual: under
+    gradient exchange an agent restarts its momentum where something was sent."""
+    stochastic: bool = False
+    """Rounds at random: takes a ``seed`` for its rounding
+    (:func:`~skyfed.compression.registry.make_codec`'s ``seed``)."""
+    color: str = "black"
+    """Its colour in the run report's plots (a matplotlib colour)."""
+
+
 class Codec(ABC):
     """Turns a float32 tensor into a framed payload and back.
 
@@ -29,31 +64,16 @@ class Codec(ABC):
     """
 
     name: ClassVar[str]
+    """What ``--codec``, the policy and every chunk call it."""
     wire_id: ClassVar[int]
-    lossless: ClassVar[bool] = False
-    # Sends only some coordinates of a (large) tensor; the rest wait in the residual.
-    sparse: ClassVar[bool] = False
-    # Sends every element of its input up to rounding, so it would send a whole residual at
-    # once: error feedback gives it at most the update's norm of it per round
-    # (:func:`~skyfed.compression.feedback.released`).
-    bounded_release: ClassVar[bool] = False
-    # Rounds at random: takes a ``seed`` for its rounding (:func:`make_codec`'s ``seed``).
-    stochastic: ClassVar[bool] = False
-    # check_squares decodes into a tensor-sized ``out`` (a receiver lends one); False:
-    # it needs none (it checks block by block, or only the values sent).
-    check_scratch: ClassVar[bool] = True
-    # encode_with_feedback(g, e) sums p = e + g in e's memory within its own first pass,
-    # bit for bit encode_into_residual(e + g), and plan takes the addends unsummed
-    # (``add``): error feedback then leaves the sum to it (one pass over e, not two).
-    sums_in_encode: ClassVar[bool] = False
-    # check_parsed keeps its parse for the receiver's sum (Top-k's indices and values); a
-    # receiver then holds the payload in memory beside it, never staged on disk.
-    keeps_parse: ClassVar[bool] = False
+    """The byte its frames carry (``frame.header``); unique among the registered codecs."""
+    capabilities: ClassVar[Capabilities]
 
     @abstractmethod
     def encode(self, x: torch.Tensor, out: PayloadBuffer | None = None) -> bytes:
         """Encode ``x`` (float32, any shape) into a framed payload: ``bytes``, or a
-        ``memoryview`` into ``out`` (memory the caller reuses round after round)."""
+        ``memoryview`` into ``out`` (memory the caller reuses round after round; a codec
+        may ignore it)."""
 
     @abstractmethod
     def decode(
@@ -73,15 +93,22 @@ class Codec(ABC):
         :class:`PayloadError` for anything that is not such a payload of that shape.
         """
 
+    # The fast paths: each default is correct for any codec; override for speed only.
+
     def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
         """``acc += alpha * D(payload)`` in place, and return ``acc``.
 
         ``acc`` is float32 or float64, of the payload's shape, and may be a strided view
         (a shard narrowed out of a larger tensor). The result is bit-for-bit
         ``acc.add_(self.decode(payload, shape=acc.shape), alpha=alpha)``; codecs override
-        this to avoid the full-size decoded temporary (Top-k touches only its kept
-        elements, dense codecs decode block by block).
+        this (or :meth:`decode_add_pieces`) to avoid the full-size decoded temporary
+        (Top-k touches only its kept elements, dense codecs decode block by block).
         """
+        steps = self.decode_add_pieces(payload, acc, alpha)
+        if steps is not None:
+            for _ in steps:
+                pass
+            return acc
         check_accumulator(acc)
         return acc.add_(self.decode(payload, shape=tuple(acc.shape)), alpha=alpha)
 
@@ -97,25 +124,30 @@ class Codec(ABC):
         docs/scale.md). The payload's frame is checked now, before the first ``next``."""
         return None
 
-    def check_squares(
+    def check_parsed(
         self,
         payload: bytes,
         out: torch.Tensor | None = None,
         *,
         shape: tuple[int, ...] | None = None,
-    ) -> float:
+    ) -> tuple[float, Parsed | None]:
         """Check a payload as a receiver must before counting it (the frame against the
         expected shape, as :meth:`decode` does, and every decoded value finite) and return
-        the decoded tensor's squared L2 norm (:func:`~skyfed.compression.norms.squared_norm`).
+        the decoded tensor's squared L2 norm (:func:`~skyfed.compression.norms.squared_norm`),
+        with the parse the check made where keeping it pays: a sum that adds the payload
+        later (the coordinator's mean at the round's close) then adds from it instead of
+        parsing the payload a second time.
 
-        ``out``/``shape`` as for :meth:`decode`; ``out`` is the scratch dense codecs decode
-        into. Raises :class:`PayloadError` for a payload that does not decode or holds
-        NaN or Inf. Top-k checks and sums its ``k`` values only (no dense tensor).
+        ``out``/``shape`` as for :meth:`decode`; ``out`` is the scratch the default decodes
+        into. Raises :class:`PayloadError` for a payload that does not decode or holds NaN
+        or Inf. The default keeps nothing (None: :meth:`decode_add` the payload); override
+        it to keep a parse (Top-k keeps its ``k`` indices and values, 8 bytes a kept
+        element; a dense codec's parse is the tensor itself, so it keeps nothing).
         """
-        values = self.decode(payload, out, shape=shape)
-        if not all_finite(values):
-            raise PayloadError("payload holds NaN or Inf values")
-        return squared_norm(values)
+        squares = 0.0
+        for piece in self.check_pieces(payload, out, shape=shape):
+            squares += piece
+        return squares, None
 
     def check_pieces(
         self,
@@ -124,27 +156,17 @@ class Codec(ABC):
         *,
         shape: tuple[int, ...] | None = None,
     ) -> Iterator[float]:
-        """:meth:`check_squares` a piece of the payload at a time: each ``next`` checks the
-        next piece and gives its squared norm, their sum (in order) being
-        :meth:`check_squares`'s. So a receiver reading a payload through a file's map can
-        let each piece's pages go before the next (the coordinator's staged uplinks,
-        docs/scale.md). One piece, the whole check, where the codec checks only whole."""
-        yield self.check_squares(payload, out, shape=shape)
-
-    def check_parsed(
-        self,
-        payload: bytes,
-        out: torch.Tensor | None = None,
-        *,
-        shape: tuple[int, ...] | None = None,
-    ) -> tuple[float, Parsed | None]:
-        """:meth:`check_squares`, and the parse it made when keeping it pays: a sum that
-        adds the payload later (the coordinator's mean at the round's close) then adds
-        from it instead of parsing the payload a second time. None (the default): nothing
-        kept, :meth:`decode_add` the payload. Top-k keeps its ``k`` indices and values,
-        8 bytes a kept element; a dense codec's parse is the tensor itself, so it keeps
-        nothing."""
-        return self.check_squares(payload, out, shape=shape), None
+        """:meth:`check_parsed`'s check a piece of the payload at a time: each ``next``
+        checks the next piece and gives its squared norm, their sum (in order) being the
+        check's. So a receiver reading a payload through a file's map can let each
+        piece's pages go before the next (the coordinator's staged uplinks,
+        docs/scale.md). The default is one piece: the payload decoded whole into ``out``
+        (a codec that overrides neither check borrows that tensor-sized scratch from its
+        receiver: :func:`dense_check`)."""
+        values = self.decode(payload, out, shape=shape)
+        if not all_finite(values):
+            raise PayloadError("payload holds NaN or Inf values")
+        yield squared_norm(values)
 
     def encode_with_feedback(
         self,
@@ -156,7 +178,10 @@ class Codec(ABC):
 
         ``e'`` may be written into ``residual``'s memory (the caller replaces its residual
         by ``e'``; it never shares memory with ``g``). ``out`` as for :meth:`encode`.
-        Codecs override this when they can form ``e'`` cheaper than a full decode.
+        Codecs override this when they can form ``e'`` cheaper than a full decode; one
+        that does is handed ``g`` and ``e`` apart by error feedback where it can (its own
+        pass sums ``p = e + g`` in ``e``'s memory, bit for bit ``e.add_(g)``), and its
+        :meth:`plan` then takes the addends unsummed.
         """
         p = g if residual is None else g + residual
         payload = self.encode(p, out=out)
@@ -195,8 +220,9 @@ class Codec(ABC):
     ) -> dict[str, Codec]:
         """The codec for each of a set of tensors that travel together (one contribution,
         one broadcast). This codec for every one, unless the codec plans across them.
-        ``add``: for a codec that :attr:`sums_in_encode`, tensors not summed yet (each
-        ``p`` is ``pending[key] + add[key]`` where the key is there)."""
+        ``add``: tensors not summed yet, for a codec with its own
+        :meth:`encode_with_feedback` (each ``p`` is ``pending[key] + add[key]`` where the
+        key is there)."""
         return dict.fromkeys(pending, self)
 
     def for_downlink(self, senders: int) -> Codec:
@@ -208,6 +234,22 @@ class Codec(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def overrides(codec: type[Codec] | Codec, method: str) -> bool:
+    """Whether ``codec`` has its own ``method``, not :class:`Codec`'s default: what its
+    fast paths are (error feedback hands ``g`` and ``e`` apart to an own
+    ``encode_with_feedback``; an own ``check_parsed`` keeps a parse; a codec with neither
+    check of its own decodes densely to check)."""
+    cls = codec if isinstance(codec, type) else type(codec)
+    return getattr(cls, method) is not getattr(Codec, method)
+
+
+def dense_check(codec: type[Codec] | Codec) -> bool:
+    """Whether ``codec``'s check decodes into a tensor-sized ``out`` (the default
+    :meth:`Codec.check_pieces`), which a receiver lends it; False: it checks block by
+    block, or only the values sent, and needs only the shape."""
+    return not (overrides(codec, "check_pieces") or overrides(codec, "check_parsed"))
 
 
 # Elements per block where a decoder works block by block (decode_add, fused encodes):

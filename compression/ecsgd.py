@@ -12,6 +12,7 @@ from skyfed.compression import frame
 from skyfed.compression.base import (
     BLOCK_NUMEL,
     SCRATCH,
+    Capabilities,
     Codec,
     PayloadError,
     as_flat_f32,
@@ -62,7 +63,7 @@ class EcSgd(Codec):
 
     name = "ecsgd"
     wire_id = 4
-    stochastic = True
+    capabilities = Capabilities(heaviness=40, stochastic=True, color="#D55E00")
 
     def __init__(
         self,

@@ -6,12 +6,13 @@ coordinator's downlink).
 tensor, with at most one tensor-sized temporary (docs/scale.md): codecs whose input is
 sent element by element (FP16/BF16/FP32) fuse ``p = g + e`` and ``e' = p - D(c)`` into
 ``e``'s memory (``Codec.encode_with_feedback(g, e)``) one tensor at a time, so payloads
-can leave while later tensors are encoded; codecs that plan across the set (Top-k's one
-threshold) get every ``p`` built in its residual's memory first, and ``e'`` written over
-it (``Codec.encode_into_residual``). What was sent stays encoded: decode the payload if it
-must be credited back.
+can leave while later tensors are encoded; the others get every ``p`` planned together
+(Top-k's one threshold) before the first is encoded: summed by the codec's own
+``encode_with_feedback`` where it has one and ``g`` stays the caller's, else built in its
+residual's memory and ``e'`` written over it (``Codec.encode_into_residual``). What was
+sent stays encoded: decode the payload if it must be credited back.
 
-A codec that sends all of its input (:attr:`Codec.bounded_release`: FP16/BF16/FP32) takes
+A codec that sends all of its input (``Capabilities.sends_all``: FP16/BF16/FP32) takes
 at most ``|g|`` of the residual per round (L2, per tensor): after a Top-k phase the
 residual holds many rounds of delayed updates, and a link that switched to FP16 sent them
 in one step and spiked the loss (2.51 -> 2.85 held-out, ``bench/adaptive.py``, gradient
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from skyfed.compression.base import Codec
+from skyfed.compression.base import Codec, overrides
 from skyfed.compression.frame import PayloadBuffer
 from skyfed.compression.norms import squared_norm
 
@@ -80,7 +81,7 @@ class ErrorFeedback:
         ``applied_to``, each payload is also added decoded, ``alpha`` times, into that
         key's tensor (:meth:`Codec.encode_into_residual_applied`: the sender's own apply,
         from what the encoder has in hand) before it is yielded."""
-        if codec.bounded_release and type(codec).plan is Codec.plan:
+        if codec.capabilities.sends_all and not overrides(codec, "plan"):
             for key, g in tensors:
                 payload = self._bounded(codec, key, g)
                 if applied_to is not None:
@@ -88,9 +89,10 @@ class ErrorFeedback:
                 yield key, payload
             return
         residuals = self.residuals
-        # A codec that sums p = e + g in its selection's first pass gets e and g apart, when
-        # each g stays the caller's until its payload is made (not borrowed).
-        fuse = codec.sums_in_encode and not borrowed and applied_to is None
+        # A codec with its own error feedback sums p = e + g in its own first pass (Top-k's
+        # selection, EC-SGD's runs of blocks): it gets e and g apart, when each g stays the
+        # caller's until its payload is made (not borrowed).
+        fuse = overrides(codec, "encode_with_feedback") and not borrowed and applied_to is None
         pending: dict[str, torch.Tensor] = {}
         adds: dict[str, torch.Tensor] = {}
         for key, g in tensors:

@@ -14,6 +14,7 @@ from skyfed.compression import frame
 from skyfed.compression.base import (
     BLOCK_NUMEL,
     SCRATCH,
+    Capabilities,
     Codec,
     PayloadError,
     as_flat_f32,
@@ -47,8 +48,6 @@ class _ElementwiseCodec(Codec):
     """
 
     wire_dtype: torch.dtype
-    bounded_release = True
-    check_scratch = False
 
     def encode(self, x: torch.Tensor, out: frame.PayloadBuffer | None = None) -> bytes:
         """The framed payload: ``bytes``, or a view into ``out`` when one is lent."""
@@ -138,21 +137,6 @@ class _ElementwiseCodec(Codec):
         result.view(-1).copy_(self._wire_view(f.body))
         return result if scale == 1.0 else result.mul_(scale)
 
-    def check_squares(
-        self,
-        payload: bytes,
-        out: torch.Tensor | None = None,
-        *,
-        shape: tuple[int, ...] | None = None,
-    ) -> float:
-        """Decoded block by block into a per-thread block scratch (in cache), each block
-        checked finite and its squares summed (16k-element norms, as ``squared_norm``):
-        no tensor-sized buffer, so ``out`` is not needed (only its shape is read)."""
-        squares = 0.0
-        for piece in self.check_pieces(payload, out, shape=shape):
-            squares += piece
-        return squares
-
     def check_pieces(
         self,
         payload: bytes,
@@ -160,7 +144,9 @@ class _ElementwiseCodec(Codec):
         *,
         shape: tuple[int, ...] | None = None,
     ) -> Iterator[float]:
-        """:meth:`check_squares` one block at a time (:meth:`Codec.check_pieces`)."""
+        """Decoded block by block into a per-thread block scratch (in cache), each block
+        checked finite and its squares summed (16k-element norms, as ``squared_norm``):
+        no tensor-sized buffer, so ``out`` is not needed (only its shape is read)."""
         f, scale = self._parse(payload, expected_shape(out, shape))
         return self._check_blocks(self._wire_view(f.body), scale)
 
@@ -175,16 +161,11 @@ class _ElementwiseCodec(Codec):
                 raise PayloadError("payload holds NaN or Inf values")
             yield squared_norm(d)
 
-    def decode_add(self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-        """``acc += alpha * s * c`` block by block: no full-size temporary."""
-        for _ in self.decode_add_pieces(payload, acc, alpha):
-            pass
-        return acc
-
     def decode_add_pieces(
         self, payload: bytes, acc: torch.Tensor, alpha: float = 1.0
     ) -> Iterator[None]:
-        """:meth:`decode_add` a piece at a time (:meth:`Codec.decode_add_pieces`)."""
+        """``acc += alpha * s * c`` a block at a time (:meth:`Codec.decode_add_pieces`): no
+        full-size temporary."""
         check_accumulator(acc)
         f, scale = self._parse(payload, tuple(acc.shape))
         return self._add_pieces(f, scale, acc, alpha)
@@ -270,7 +251,7 @@ class Fp32(_ElementwiseCodec):
 
     name = "fp32"
     wire_id = 0
-    lossless = True
+    capabilities = Capabilities(heaviness=0, lossless=True, sends_all=True, color="#BBBBBB")
     wire_dtype = torch.float32
 
 
@@ -297,6 +278,7 @@ class Fp16(_ElementwiseCodec):
 
     name = "fp16"
     wire_id = 1
+    capabilities = Capabilities(heaviness=20, sends_all=True, color="#0072B2")
     wire_dtype = torch.float16
 
     def _fused_feedback(
@@ -371,4 +353,5 @@ class Bf16(_ElementwiseCodec):
 
     name = "bf16"
     wire_id = 2
+    capabilities = Capabilities(heaviness=10, sends_all=True, color="#56B4E9")
     wire_dtype = torch.bfloat16

@@ -201,6 +201,18 @@ def compress(data: Buffer) -> bytes:
     return compressor.compress(data)
 
 
+def header_length(payload: Buffer) -> int:
+    """The bytes before the body (header, codec parameters, padding): what a frame costs
+    on top of its data, read without decompressing the body (a bench's byte count)."""
+    ndim = payload[2] >> 4
+    offset = _HEAD.size
+    for _ in range(ndim):
+        _, offset = get_varint(payload, offset, "shape")
+    params_len, offset = get_varint(payload, offset, "codec parameters' length")
+    end = offset + params_len
+    return end + -end % ALIGN
+
+
 def unpack(payload: Buffer, *, max_body: int, shape: tuple[int, ...] | None = None) -> Frame:
     """Parse and check a frame; ``max_body`` bounds the decompressed body in bytes.
 

@@ -34,7 +34,12 @@ import torch
 
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.monitor import LinkStats
-from skyfed.compression.registry import codec_names, decode_add_payload, make_codec
+from skyfed.compression.registry import (
+    capabilities,
+    codec_names,
+    decode_add_payload,
+    make_codec,
+)
 from skyfed.compression.schedule import DensityWarmup
 from skyfed.validate import require
 
@@ -124,12 +129,14 @@ class PolicyConfig:
     block's peak (unset: the codec's least-squares default for its width, 1.5 or 2.5;
     under gradient exchange :data:`GRADIENT_ECSGD_CLIP`). The 1-bit sign has no clip."""
     long_phase_local_steps: int = 64
-    """EC-SGD on a link whose agent runs at least this many local steps per round (its
-    hello's ``local_steps``) uses the long-phase recipe, ``ecsgd_bits`` (2) in blocks of
-    :data:`LONG_PHASE_ECSGD_BLOCK` (1024) unless ``ecsgd_block`` is set: the bench's
-    fewest bytes to the target loss (docs/outer-optimizer.md). 0: never. Agents from
-    before the field report none and keep the codec's blocks; under ``exchange =
-    "gradient"`` a round is one step and the rule is off."""
+    """A link whose agent runs at least this many local steps per round (its hello's
+    ``local_steps``) gets the long-phase recipe: EC-SGD at ``ecsgd_bits`` (2) in blocks of
+    :data:`LONG_PHASE_ECSGD_BLOCK` (1024) unless ``ecsgd_block`` is set, the bench's
+    fewest bytes to the target loss (docs/outer-optimizer.md), and EC-SGD where the
+    policy would give it Top-k (at 64 and 128 local steps Top-k reached the target on no
+    seed of either task, EC-SGD on most). 0: never. Agents from before the field report
+    none and keep the codec's blocks; under ``exchange = "gradient"`` a round is one step
+    and the rule is off."""
     max_ratio: float = 0.0
     """Cost mode's compression budget: no codec compressing more than this (0: any)."""
     cost_tie_pct: float = 10.0
@@ -209,6 +216,13 @@ class PolicyConfig:
         """Whether an agent of ``local_steps`` per round (0: not said) gets the
         long-phase recipe on EC-SGD."""
         return 0 < self.long_phase_local_steps <= local_steps
+
+    def phase_codec(self, codec: str, local_steps: int) -> str:
+        """The codec a link the policy puts on ``codec`` runs for an agent of
+        ``local_steps`` per round: EC-SGD instead of Top-k for long phases (Top-k holds a
+        long phase's evenly spread update back in its residual for rounds a short run
+        does not have: at 64-128 local steps it missed the target on every seed)."""
+        return "ecsgd" if codec == "topk" and self.long_phase(local_steps) else codec
 
     def codec_params(
         self, name: str, round_: int | None = None, local_steps: int = 0
@@ -371,14 +385,15 @@ def _nearest(state: PolicyState, order: list[str], ladder: tuple[str, ...]) -> i
     return max((i for i, n in enumerate(ladder) if order.index(n) <= weight), default=0)
 
 
-HEAVINESS = ("fp32", "bf16", "fp16", "topk", "ecsgd")
-"""Every codec, lightest compression first: the one ranking of codecs, which the policy's
-ladder follows where no measured ratio orders it, and the downlink takes the heaviest of."""
-
-
 def heaviness(name: str) -> int:
-    """``name``'s place in :data:`HEAVINESS` (0 for a codec not ranked)."""
-    return HEAVINESS.index(name) if name in HEAVINESS else 0
+    """``name``'s place among the codecs, lightest compression first (its
+    ``Capabilities.heaviness``, the one ranking of codecs: the policy's ladder follows it
+    where no measured ratio orders two codecs, and the downlink takes the heaviest); 0 for
+    a codec this build does not know."""
+    try:
+        return capabilities(name).heaviness
+    except ValueError:
+        return 0
 
 
 def heaviest(names: Iterable[str]) -> str:

@@ -1,4 +1,4 @@
-"""Codec names on the command line and ids on the wire, in one table."""
+"""Codec names on the command line and ids on the wire, in one table: a line per codec."""
 
 from __future__ import annotations
 
@@ -9,15 +9,42 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from skyfed.compression import frame
-from skyfed.compression.base import Codec, Parsed, PayloadError, expected_shape
+from skyfed.compression.base import (
+    Capabilities,
+    Codec,
+    Parsed,
+    PayloadError,
+    dense_check,
+    expected_shape,
+    overrides,
+)
 from skyfed.compression.ecsgd import EcSgd
 from skyfed.compression.fp import Bf16, Fp16, Fp32
 from skyfed.compression.topk import TopK
 
-_CODECS: dict[str, type[Codec]] = {c.name: c for c in (Fp32, Fp16, Bf16, TopK, EcSgd)}
-_BY_WIRE_ID: dict[int, type[Codec]] = {c.wire_id: c for c in _CODECS.values()}
+_CODECS: dict[str, type[Codec]] = {}
 # Decoding reads every parameter from the frame, so one default instance per codec serves.
-_DECODERS: dict[int, Codec] = {wire_id: cls() for wire_id, cls in _BY_WIRE_ID.items()}
+_DECODERS: dict[int, Codec] = {}
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    """Make ``cls`` a codec this build encodes and decodes, by its ``name`` and its
+    ``wire_id``; a name or id taken already, or no :class:`Capabilities`, raises
+    ``ValueError``. Returns ``cls``."""
+    if not isinstance(getattr(cls, "capabilities", None), Capabilities):
+        raise ValueError(f"codec {cls.__name__} declares no Capabilities")
+    if cls.name in _CODECS or cls.wire_id in _DECODERS:
+        raise ValueError(f"codec {cls.name!r} (wire id {cls.wire_id}) is registered already")
+    _CODECS[cls.name] = cls
+    _DECODERS[cls.wire_id] = cls()
+    return cls
+
+
+register(Fp32)
+register(Fp16)
+register(Bf16)
+register(TopK)
+register(EcSgd)
 
 
 def codec_names() -> list[str]:
@@ -31,13 +58,15 @@ def make_codec(name: str, *, seed: int | Sequence[int] | None = None, **params: 
     ``seed`` seeds a stochastic codec's rounding (:func:`rounding_seed`); deterministic
     codecs take none, so a caller that does not know which codec it builds passes it anyway.
     """
-    try:
-        cls = _CODECS[name]
-    except KeyError:
-        raise ValueError(f"unknown codec {name!r}; known: {', '.join(_CODECS)}") from None
-    if seed is not None and cls.stochastic:
+    cls = _codec_class(name)
+    if seed is not None and cls.capabilities.stochastic:
         params = {**params, "seed": seed}
     return cls(**params)
+
+
+def capabilities(name: str) -> Capabilities:
+    """What codec ``name`` is (:class:`Capabilities`); an unknown name raises ``ValueError``."""
+    return _codec_class(name).capabilities
 
 
 def rounding_seed(seed: int, sender: str, round_: int, rank: int = 0) -> list[int]:
@@ -105,13 +134,14 @@ def check_payload(
     *,
     shape: tuple[int, ...] | torch.Size | None = None,
 ) -> float:
-    """:meth:`Codec.check_squares` by the codec the frame names: the payload checked as a
-    receiver must before counting it, and the squared L2 norm of what it decodes to.
-    ``out`` or ``shape`` is required (``out``: the scratch a dense codec decodes into)."""
+    """The payload checked as a receiver must before counting it, by the codec the frame
+    names, and the squared L2 norm of what it decodes to (:meth:`Codec.check_parsed`'s,
+    its parse dropped). ``out`` or ``shape`` is required (``out``: the scratch a dense
+    codec decodes into)."""
     expected = expected_shape(out, shape)
     if expected is None:
         raise ValueError("check_payload needs the expected shape: out= or shape=")
-    return _decoder(payload).check_squares(payload, out, shape=expected)
+    return _decoder(payload).check_parsed(payload, out, shape=expected)[0]
 
 
 def check_payload_parsed(
@@ -135,18 +165,22 @@ def check_pieces_payload(payload: bytes, *, shape: tuple[int, ...] | torch.Size)
 
 
 def keeps_parse(name: str) -> bool:
-    """Whether codec ``name``'s check keeps its parse for a later sum
-    (:attr:`Codec.keeps_parse`); an unknown name raises ``ValueError``."""
-    try:
-        return _CODECS[name].keeps_parse
-    except KeyError:
-        raise ValueError(f"unknown codec {name!r}; known: {', '.join(_CODECS)}") from None
+    """Whether codec ``name``'s check keeps its parse for a later sum (it has its own
+    :meth:`Codec.check_parsed`); an unknown name raises ``ValueError``."""
+    return overrides(_codec_class(name), "check_parsed")
 
 
 def needs_check_scratch(payload: bytes) -> bool:
     """Whether :func:`check_payload` needs ``out`` for this payload's codec (a dense
-    decode into a tensor-sized scratch), or only its shape (``Codec.check_scratch``)."""
-    return _decoder(payload).check_scratch
+    decode into a tensor-sized scratch), or only its shape (:func:`~skyfed.compression.base.dense_check`)."""
+    return dense_check(_decoder(payload))
+
+
+def _codec_class(name: str) -> type[Codec]:
+    try:
+        return _CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {', '.join(_CODECS)}") from None
 
 
 def _decoder(payload: bytes) -> Codec:

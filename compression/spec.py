@@ -18,10 +18,6 @@ from skyfed.compression.registry import make_codec
 MAX_SPEC_CHARS = 512
 
 
-def format_spec(name: str, params: dict[str, Any] | None = None) -> str:
-    return f"{name}:{json.dumps(params, sort_keys=True)}" if params else name
-
-
 def wire_spec(name: str, params_json: str) -> str:
     """The spec for a codec name and its parameters as they travel in separate fields."""
     return f"{name}:{params_json}" if params_json else name

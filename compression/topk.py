@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +12,7 @@ import torch
 
 from skyfed.compression import frame, lowbit, packing
 from skyfed.compression.base import (
+    Capabilities,
     Codec,
     Parsed,
     PayloadError,
@@ -69,9 +70,7 @@ class TopK(Codec):
 
     name = "topk"
     wire_id = 3
-    sparse = True
-    sums_in_encode = True
-    keeps_parse = True
+    capabilities = Capabilities(heaviness=30, sparse=True, color="#E69F00")
 
     def __init__(
         self,
@@ -238,18 +237,17 @@ class TopK(Codec):
         _add_at(acc, idx_k, values_k, alpha)
         return acc
 
-    def check_squares(
+    def check_pieces(
         self,
         payload: bytes,
         out: torch.Tensor | None = None,
         *,
         shape: tuple[int, ...] | None = None,
-    ) -> float:
-        """The ``k`` decoded values' squared norm: parsing already refuses non-finite
-        values, and the elements not sent are zeros (``out`` is not needed)."""
-        expected = expected_shape(out, shape)
-        _, _, values_k = self._parse(payload, expected)
-        return squared_norm(values_k)
+    ) -> Iterator[float]:
+        """One piece, the ``k`` decoded values' squared norm: parsing already refuses
+        non-finite values, and the elements not sent are zeros (``out`` is not needed)."""
+        _, _, values_k = self._parse(payload, expected_shape(out, shape))
+        yield squared_norm(values_k)
 
     def check_parsed(
         self,
@@ -258,8 +256,9 @@ class TopK(Codec):
         *,
         shape: tuple[int, ...] | None = None,
     ) -> tuple[float, Parsed | None]:
-        """:meth:`check_squares`, keeping the kept indices (int32 where they fit: 4 bytes,
-        not 8) and decoded values for :meth:`Parsed.add_into`."""
+        """The ``k`` decoded values' squared norm (:meth:`check_pieces`), keeping the kept
+        indices (int32 where they fit: 4 bytes, not 8) and decoded values for
+        :meth:`Parsed.add_into`."""
         f, idx_k, values_k = self._parse(payload, expected_shape(out, shape))
         if f.numel <= _INT32_MAX:
             idx_k = idx_k.to(torch.int32)
@@ -388,7 +387,7 @@ def min_kept(numel: int) -> int:
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-# Kept elements per span below which a gather or scatter runs on one thread.
+# Kept elements per span below which a scatter runs on one thread.
 _INDEX_SPAN = 1 << 16
 # Kept elements added per step of :func:`_add_at`: under torch's parallel grain (32768), so
 # each thread's ``add_`` runs on that thread, and the elements of ``acc`` it gathered are
@@ -421,18 +420,6 @@ def _add_at(acc: torch.Tensor, idx_k: torch.Tensor, values_k: torch.Tensor, alph
             base_np[at] = kept[: stop - start]
 
     in_parallel(span, spans(len(idx), _ADD_CHUNK))
-
-
-def _gather(base: torch.Tensor, idx_k: torch.Tensor) -> torch.Tensor:
-    """``base[idx_k]`` (1-D, indices in range), a span of the indices per core (numpy's
-    take drops the GIL; ``mode="clip"`` writes straight into the result, unbuffered)."""
-    base_np, idx = base.detach().numpy(), idx_k.numpy()
-    kept = np.empty(len(idx), dtype=base_np.dtype)
-    in_parallel(
-        lambda lo, hi: np.take(base_np, idx[lo:hi], out=kept[lo:hi], mode="clip"),
-        spans(len(idx), _INDEX_SPAN),
-    )
-    return torch.from_numpy(kept)
 
 
 def _scatter(base: torch.Tensor, idx_k: torch.Tensor, values_k: torch.Tensor) -> None:

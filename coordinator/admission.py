@@ -17,6 +17,7 @@ import grpc
 
 from skyfed.certs.identity import Identity
 from skyfed.compression import frame
+from skyfed.coordinator.outer import long_phase_refusal
 from skyfed.errors import (
     IdentityMismatchError,
     ModelMismatchError,
@@ -25,6 +26,7 @@ from skyfed.errors import (
     UnsupportedDigestError,
     UnsupportedExchangeError,
     UnsupportedFrameError,
+    UnsupportedOuterError,
 )
 from skyfed.fingerprint import DIGEST_PREFIX, describe_mismatch, is_weights_digest
 from skyfed.netinfo import CongestionControl
@@ -87,6 +89,12 @@ class Admission:
                 f"the agent speaks payload frames version {hello.frame_version or 1}; this "
                 f"coordinator speaks version {frame.VERSION}: run the same skyfed on both"
             )
+        config = fed.config
+        why = long_phase_refusal(
+            config.outer_optimizer, config.outer_lr, config.outer_momentum, hello.local_steps
+        )
+        if why is not None:
+            raise UnsupportedOuterError(why)
         offered = list(hello.exchanges) or ["delta"]  # agents from before the field
         if fed.config.exchange not in offered:
             raise UnsupportedExchangeError(

@@ -59,7 +59,7 @@ _T = TypeVar("_T")
 
 CHECK_BUFFERS = 1
 """Payloads decoded at once for their check, each buffer as large as the largest tensor,
-for the codecs whose check is a dense decode (``Codec.check_scratch``: EC-SGD; FP16,
+for the codecs whose check is a dense decode (``needs_check_scratch``: EC-SGD; FP16,
 BF16 and FP32 check block by block, Top-k its k values, and never borrow one). One: a
 check is a decode and two reductions, far under the time its bytes take to arrive, so a
 second buffer (0.25x of a model of four such tensors) bought no speed."""

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
 from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
+from skyfed.compression import codec_names
 from skyfed.config import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
@@ -54,7 +55,7 @@ def main() -> None:
 @click.option("--round-deadline-s", type=float)
 @click.option("--rounds", type=int, help="Stop after this many rounds (0: never).")
 @click.option(
-    "--codec", help="Link codec: auto (the link policy picks), fp32, fp16, bf16, topk, ecsgd."
+    "--codec", help=f"Link codec: auto (the link policy picks), {', '.join(codec_names())}."
 )
 @click.option(
     "--policy", type=click.Choice(["table", "cost"]), help="Link policy mode (codec auto)."

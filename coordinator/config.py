@@ -54,13 +54,18 @@ class CoordinatorConfig:
     outer_optimizer: str = "sgd"
     """The coordinator's outer step on the round's mean pseudo-gradient (docs/protocol.md):
     ``sgd`` (with no momentum and ``outer_lr = 1``: federated averaging) or ``nesterov``
-    (DiLoCo's outer Nesterov momentum, which lets long local phases converge). Its state is
+    (DiLoCo's outer Nesterov momentum). Measured on both tasks, FedAvg reached per-step
+    data-parallel's loss in the fewest steps at every local phase tried (1-128 steps);
+    DiLoCo's 0.7 / 0.9 overshot at 4-64 and diverged at 128, so with them unset an agent
+    of 64 or more local steps is refused (docs/outer-optimizer.md). Its state is
     checkpointed; the broadcast carries the step it applied."""
     outer_lr: float | None = None
-    """Outer step size; unset: 1.0 for ``sgd``, DiLoCo's 0.7 for ``nesterov``."""
+    """Outer step size; unset: 1.0 for ``sgd``, DiLoCo's 0.7 for ``nesterov``, each halved
+    under ``overlap``."""
     outer_momentum: float | None = None
     """Outer momentum; unset: 0 for ``sgd``, DiLoCo's 0.9 for ``nesterov`` (which needs one
-    in (0, 1))."""
+    in (0, 1); refused for agents of 64 or more local steps unless this and ``outer_lr``
+    are set)."""
     max_samples: int = 65536
     """The most weight (``samples``) one contribution counts with in the mean; a larger
     claim is capped and logged. Set it to the largest honest site's samples per round
@@ -84,8 +89,12 @@ class CoordinatorConfig:
     apply round r's aggregate when those steps end (one-round-stale pseudo-gradients, as in
     Streaming DiLoCo): a round then costs about max(training, exchange) instead of their
     sum. Told to agents in the welcome; every agent applies the same updates at the same
-    points, so all stay bit-identical. It costs loss per round: with it, halve
-    ``outer_lr`` (measured in docs/wan.md#overlap)."""
+    points, so all stay bit-identical. It costs loss per round, so an unset ``outer_lr``
+    is halved with it (FedAvg at 0.5): at the full rate the stale steps overshot at 4 local
+    steps (docs/wan.md#overlap) and at 128 (data-parallel's loss within 2x its steps on
+    2 of 5 digits seeds and 0 of 2 chargpt seeds; at half 3 of 5 and 1 of 2; at a quarter
+    1 of 5). At 128 local steps it still cost steps (chargpt 1.91x S against 1.31x
+    without), more than the exchange it hides (docs/outer-optimizer.md)."""
     codec: str = "auto"
     """Link codec: ``auto`` lets the link policy pick each link's codec from its measured
     RTT, loss and goodput; a codec name (fp32, fp16, bf16, topk, ecsgd) fixes it."""
@@ -145,12 +154,14 @@ class CoordinatorConfig:
     status_file: Path | None = None
     """Rewrite the status (as JSON) here after every round and at exit."""
     run_dir: Path | None = None
-    """The run directory: ``rounds.jsonl`` (one line per closed round and evaluation) and,
+    """The run directory: ``rounds.jsonl`` (one line per closed round, per evaluation and
+    per round whose links were timed after it closed) and,
     unless ``status_file`` says otherwise, ``status.json``; ``skyfed report RUN_DIR`` plots
     it (docs/operations.md)."""
     eval_every: int = 5
-    """Evaluate the canonical weights on the task's held-out data (its ``eval_loss``) every
-    this many rounds and after the last, on a worker thread off the rounds' path (0: never)."""
+    """Evaluate the canonical weights on the task's held-out data (its ``eval_metrics``, or
+    its ``eval_loss``) every this many rounds and after the last, on a worker thread off
+    the rounds' path (0: never)."""
     metrics_listen: str = ""
     """HOST:PORT of the plain-HTTP ``/metrics``, ``/healthz`` and ``/readyz`` port ("": off).
     Outside mTLS: loopback only unless ``metrics_public`` (docs/operations.md)."""
@@ -199,7 +210,9 @@ class CoordinatorConfig:
     @property
     def outer(self) -> OuterSettings:
         """The outer optimizer's settings, defaults resolved."""
-        return OuterSettings.resolve(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+        return OuterSettings.resolve(
+            self.outer_optimizer, self.outer_lr, self.outer_momentum, overlap=self.overlap
+        )
 
     def __post_init__(self) -> None:
         require("coordinator", self.min_agents >= 1, "min_agents", self.min_agents, ">= 1")

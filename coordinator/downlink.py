@@ -75,7 +75,7 @@ class Downlink:
         seed = rounding_seed(self.seed, SENDER, round_)
         codec = make_codec(codec_name, seed=seed, **params).for_downlink(contributors)
         residuals = self.feedback.residuals
-        if codec.lossless and not residuals:  # nothing held, nothing to hold
+        if codec.capabilities.lossless and not residuals:  # nothing held, nothing to hold
             for i in range(len(self.names)):
                 data = codec.encode(update(i, self._scratch(i)))
                 decode_add_payload(data, weights[i], -1.0)  # w - u: the codec is lossless
@@ -88,7 +88,7 @@ class Downlink:
             codec, updates, borrowed=True, applied_to=own, alpha=-1.0
         ):
             yield Payload(index[name], None, codec_name, data)  # the plan keeps the model's order
-        if codec.lossless and not any(bool(r.any()) for r in residuals.values()):
+        if codec.capabilities.lossless and not any(bool(r.any()) for r in residuals.values()):
             residuals.clear()  # a lossless round that released everything owes nothing
 
     def _scratch(self, i: int) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Held-out evaluation of the canonical weights, off the round's critical path.
 
 The caller lends the live weights; a worker thread makes them a model's parameters (views:
-no copy) and calls the task's ``eval_loss``, then hands them back (``release``). The round's
+no copy) and calls the task's ``eval_metrics`` (named metrics: loss, accuracy,
+perplexity...) or, for a task without it, its ``eval_loss``, then hands them back
+(``release``). The metrics are held to the wire's rules (``skyfed.validate``): a name or
+value out of them is dropped with a warning. The round's
 close waits for that before it changes them in place (``Federation.weights_read``), so an
 evaluation reads one round's weights whole, and the coordinator spends no model-sized copy
 on it: 400 MB of new memory at 100M parameters, and as much again for the next round's
@@ -22,11 +25,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch import nn
 
 from skyfed.tasks.base import Task
+from skyfed.validate import valid_metrics
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +42,11 @@ class EvalResult:
     round: int
     """The round whose closed weights were evaluated."""
     loss: float
-    """The task's ``eval_loss`` on them."""
+    """The held-out loss on them: ``metrics["loss"]`` (NaN where the task says none)."""
     seconds: float
     """How long the evaluation took (on the worker, not on any round)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Every named metric the task's evaluation gave (``loss`` among them)."""
 
 
 class Evaluator:
@@ -47,7 +55,7 @@ class Evaluator:
     def __init__(
         self, task: Task, every: int, on_result: Callable[[EvalResult], None] | None = None
     ) -> None:
-        self._eval_loss = getattr(task, "eval_loss", None)
+        self._measure = measure_of(task)
         self.every = every
         self._model = task.build_model(0) if self.enabled else None
         self._shapes = [] if self._model is None else [p.shape for p in self._model.parameters()]
@@ -62,7 +70,7 @@ class Evaluator:
 
     @property
     def enabled(self) -> bool:
-        return self._eval_loss is not None and self.every > 0
+        return self._measure is not None and self.every > 0
 
     def due(self, round_: int, final: bool = False) -> bool:
         """True if ``round_`` should be evaluated and the worker is free to take it."""
@@ -116,17 +124,17 @@ class Evaluator:
         started = time.monotonic()
         versions = [w._version for w in weights]  # torch's count of in-place changes
         try:
-            if self._model is None:
-                raise RuntimeError("the task has no eval_loss")
+            if self._model is None or self._measure is None:
+                raise RuntimeError("the task has neither eval_metrics nor eval_loss")
             with torch.no_grad():
                 params = zip(self._model.parameters(), self._shapes, weights, strict=True)
                 for p, shape, w in params:
                     p.data = w.to(p.dtype).view(shape)  # the weights themselves (or a cast)
             self._model.eval()
-            loss = float(self._eval_loss(self._model))
+            metrics = bounded(self._measure(self._model), round_)
         except Exception:  # a task's own eval must not take the coordinator down
             log.exception("[Coordinator.Eval] round=%d failed", round_)
-            loss = float("nan")
+            metrics = {}
         finally:
             self._empty_parameters()
             changed = [i for i, w in enumerate(weights) if w._version != versions[i]]
@@ -139,11 +147,41 @@ class Evaluator:
                 round_,
                 changed,
             )
-        result = EvalResult(round_, loss, time.monotonic() - started)
+        loss = metrics.get("loss", float("nan"))
+        result = EvalResult(round_, loss, time.monotonic() - started, metrics)
         with self._lock:
             self.latest = result
             self.results.append(result)
         log.info(
-            "[Coordinator.Eval] round=%d eval_loss=%.4f seconds=%.2f", round_, loss, result.seconds
+            "[Coordinator.Eval] round=%d eval_loss=%.4f seconds=%.2f metrics=%s",
+            round_,
+            loss,
+            result.seconds,
+            " ".join(f"{k}={v:.4g}" for k, v in metrics.items()) or "-",
         )
         return result
+
+
+def measure_of(task: Task) -> Callable[[nn.Module], dict[str, Any]] | None:
+    """The task's evaluation as named metrics: its ``eval_metrics``, or its ``eval_loss``
+    as ``{"loss": ...}``; None for a task with neither."""
+    eval_metrics = getattr(task, "eval_metrics", None)
+    if eval_metrics is not None:
+        return lambda model: dict(eval_metrics(model))
+    eval_loss = getattr(task, "eval_loss", None)
+    if eval_loss is not None:
+        return lambda model: {"loss": float(eval_loss(model))}
+    return None
+
+
+def bounded(metrics: dict[str, Any], round_: int) -> dict[str, float]:
+    """``metrics`` held to the wire's rules (``skyfed.validate.valid_metrics``): what
+    breaks them is dropped, with a warning saying why."""
+    scalars = {
+        name: float(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+        for name, value in metrics.items()
+    }
+    kept, dropped = valid_metrics(scalars)
+    for why in dropped:
+        log.warning("[Coordinator.Eval] round=%d metric dropped: %s", round_, why)
+    return kept

@@ -1,17 +1,21 @@
 """A run's per-round history, ``RUN_DIR/rounds.jsonl``: one JSON object per line, appended
 as rounds close, read by ``skyfed report`` (docs/operations.md, "Run directory").
 
-A ``"kind": "round"`` line holds the round's figures and, under ``links``, each agent's
-codec, RTT, jitter, loss and the bytes (wire and fp32) its link carried since the
-previous round; a
-``"kind": "eval"`` line holds a held-out evaluation, which finishes later than its round;
-a ``"kind": "failover"`` line, a coordinator replica taking over (docs/failover.md).
+One ``"kind": "round"`` line per closed round holds the round's figures and, under
+``links``, each agent's codec, RTT, jitter, loss and the bytes (wire and fp32) its link
+carried since the previous round (summing its bytes over the lines counts every byte
+once), and the named metrics its site reported with its contribution to that round
+(``metrics``, docs/own-loop.md). A ``"kind": "eval"`` line holds a held-out evaluation,
+which finishes later than its round, with every metric it gave (``metrics``); a
+``"kind": "failover"`` line, a coordinator replica taking over (docs/failover.md).
 
 A link's exchange in a round against its floor (``exchange_s``, ``floor_s``, ``ratio``,
 ``limit``; docs/striping.md) is known only once its agent timed it, which its next
-contribution reports, after the round's line was written: the line is then written again
-with them, and the round's ``floor_s`` (its slowest link's). Readers take a round's
-latest line, as after a restart.
+contribution reports, after the round's line was written: a ``"kind": "timing"`` line
+then holds those links' figures under ``links`` and the round's ``floor_s`` (its slowest
+timed link's, those of the round's line included). A reader folds a round's timing lines
+into its round line (:func:`rounds`). A restarted coordinator appends; a round closed again
+after a restart has a second round line, and the latest wins.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class RunHistory:
         """Append one closed round with the links' state as ``agents`` show it now, and
         their efficiencies in it that are known (``record["links"]``)."""
         timed = record.get("links", [])
-        links = {a["name"]: self._link(a) for a in agents}
+        links = {a["name"]: self._link(a, int(record["round"])) for a in agents}
         line = _with_efficiency({"kind": "round", **record, "links": links}, timed)
         with self._lock:
             self._lines[int(record["round"])] = line
@@ -60,14 +64,23 @@ class RunHistory:
         return line
 
     def timed(self, round_: int, efficiencies: list[dict[str, Any]]) -> None:
-        """Write round ``round_``'s line again with its links' ``efficiencies`` (the
-        round's ``RoundStats.links`` as data), which arrived after it closed."""
+        """Append a timing line for round ``round_``: its links' ``efficiencies`` (the
+        round's ``RoundStats.links`` as data), which arrived after its line was written."""
         with self._lock:
             line = self._lines.get(round_)
             if line is None:
-                return  # older than the lines kept: its first line stands
+                return  # older than the lines kept: its round line stands alone
             line = self._lines[round_] = _with_efficiency(line, efficiencies)
-        self._append(line)
+        timed = {e["name"] for e in efficiencies}
+        links = {
+            name: {k: link[k] for k in EFFICIENCY_FIELDS if k in link}
+            for name, link in line["links"].items()
+            if name in timed
+        }
+        record: dict[str, Any] = {"kind": "timing", "round": round_, "links": links}
+        if "floor_s" in line:
+            record["floor_s"] = line["floor_s"]
+        self._append(record)
 
     def eval(self, result: EvalResult, wall_s: float) -> None:
         self._append(
@@ -77,6 +90,7 @@ class RunHistory:
                 "eval_loss": result.loss,
                 "eval_s": result.seconds,
                 "wall_s": wall_s,
+                "metrics": result.metrics,
             }
         )
 
@@ -88,8 +102,10 @@ class RunHistory:
     def close(self) -> None:
         """Every line is flushed as written; nothing to do."""
 
-    def _link(self, agent: dict[str, Any]) -> dict[str, Any]:
+    def _link(self, agent: dict[str, Any], round_: int) -> dict[str, Any]:
         link = {k: agent[k] for k in LINK_FIELDS if k in agent}
+        if agent.get("metrics") and agent.get("metrics_round") == round_:
+            link["metrics"] = dict(agent["metrics"])
         for key in COUNTERS:
             total = int(agent.get(key, 0))
             last = self._totals.get((agent["name"], key), 0)
@@ -117,6 +133,24 @@ def _with_efficiency(line: dict[str, Any], efficiencies: list[dict[str, Any]]) -
     if floors:
         line["floor_s"] = max(floors)
     return line
+
+
+def rounds(lines: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each round's line, by round, with its timing lines folded in (a round's latest
+    round line wins, as after a restart; a timing line adds to the round line before it)."""
+    out: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        kind, r = line.get("kind"), int(line.get("round", -1))
+        if kind == "round":
+            out[r] = line
+        elif kind == "timing" and r in out:
+            merged = {n: {**link} for n, link in out[r].get("links", {}).items()}
+            for name, figures in line.get("links", {}).items():
+                merged.setdefault(name, {}).update(figures)
+            out[r] = {**out[r], "links": merged}
+            if "floor_s" in line:
+                out[r]["floor_s"] = line["floor_s"]
+    return out
 
 
 def read(path: Path) -> list[dict[str, Any]]:

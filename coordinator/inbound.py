@@ -55,7 +55,7 @@ class Inbound:
     """Its entry in the round's aggregate."""
     assembler: Assembler | None = None
     seen: int = 0
-    loss: float = 0.0
+    loss: float | None = None
     train_s: float = 0.0
     owner: Round | None = None
     """The round its entry belongs to (the one it commits to)."""
@@ -101,6 +101,8 @@ class Intake:
             fed.admission.require_member(session)
             if header.timing is not None:
                 self._timed(session, header)
+            if header.metrics:  # the site's own evaluation: shown whether or not it is late
+                session.metrics, session.metrics_round = dict(header.metrics), header.round
             if session.inbound is not None and session.inbound.open:
                 raise ProtocolError("a contribution was announced before the previous one ended")
             round_ = fed.rounds.round

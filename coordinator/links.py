@@ -453,12 +453,13 @@ class Links:
         publish(session, link.stats())
 
     def codec(self, session: Session) -> str:
-        """The codec the policy wants on this link now (the fixed one when not adaptive)."""
+        """The codec the policy wants on this link now (the fixed one when not adaptive),
+        for the agent's local phase (``PolicyConfig.phase_codec``)."""
         link = self._links.get(session.key)
         if self.fixed is not None or link is None:
             return self.start_codec
         with link.lock:
-            return link.state.codec
+            return self.policy.phase_codec(link.state.codec, session.local_steps)
 
     def switched(self, session: Session, to: str) -> None:
         """Log and count a switch made at a round boundary, with the figures behind it."""

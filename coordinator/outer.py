@@ -20,6 +20,38 @@ OUTER_OPTIMIZERS = ("sgd", "nesterov")
 # DiLoCo's outer Nesterov settings; plain SGD defaults to federated averaging.
 DEFAULT_LR = {"sgd": 1.0, "nesterov": 0.7}
 DEFAULT_MOMENTUM = {"sgd": 0.0, "nesterov": 0.9}
+# With overlap every member applies a one-round-stale pseudo-gradient: at the full outer
+# rate it overshoots and oscillates. Half the rate took most of that back at 4 local steps
+# (docs/wan.md#overlap) and at 128 (docs/outer-optimizer.md, Defaults), so an unset
+# ``outer_lr`` is halved under overlap.
+OVERLAP_LR_SCALE = 0.5
+
+
+NESTEROV_DEFAULTS_BELOW = 64
+"""Local steps per round from which DiLoCo's unset defaults (0.7 / 0.9) are refused: at
+128 they diverged (a real federation on digits: held-out loss rising every round from
+0.276 to 1.257) or stalled (the simulation: 0 of 5 digits seeds and 0 of 2 chargpt seeds
+reached data-parallel's loss within 2x its steps, FedAvg 2 of 5 and 2 of 2; 0.5 / 0.5
+as FedAvg, 2 and 2), and at 64 they reached chargpt on 1 of 5 seeds
+(docs/outer-optimizer.md, Defaults)."""
+
+
+def long_phase_refusal(
+    kind: str, lr: float | None, momentum: float | None, local_steps: int
+) -> str | None:
+    """Why an agent of ``local_steps`` per round may not join a federation whose outer
+    step is ``kind`` at ``lr``, ``momentum`` as configured (None: unset); None if it may.
+    Set explicitly, any rate and momentum are the operator's to try."""
+    if kind != "nesterov" or lr is not None or momentum is not None:
+        return None
+    if local_steps < NESTEROV_DEFAULTS_BELOW:
+        return None
+    return (
+        f"this agent runs {local_steps} local steps a round, and outer Nesterov at DiLoCo's "
+        f"lr 0.7 / momentum 0.9 diverged from {NESTEROV_DEFAULTS_BELOW} on (docs/outer-"
+        "optimizer.md): set the coordinator's outer_lr and outer_momentum (0.5 / 0.5 "
+        'converged as FedAvg did at 128), or outer_optimizer = "sgd"'
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +63,17 @@ class OuterSettings:
     momentum: float = 0.0
 
     @classmethod
-    def resolve(cls, kind: str, lr: float | None, momentum: float | None) -> OuterSettings:
-        """``None`` takes the optimizer's default; ValueError names a bad option."""
+    def resolve(
+        cls, kind: str, lr: float | None, momentum: float | None, *, overlap: bool = False
+    ) -> OuterSettings:
+        """``None`` takes the optimizer's default (the rate :data:`OVERLAP_LR_SCALE` times
+        it under ``overlap``); ValueError names a bad option."""
         if kind not in OUTER_OPTIMIZERS:
             raise ValueError(
                 f"coordinator option outer_optimizer={kind!r} must be one of {OUTER_OPTIMIZERS}"
             )
-        lr = DEFAULT_LR[kind] if lr is None else lr
+        if lr is None:
+            lr = DEFAULT_LR[kind] * (OVERLAP_LR_SCALE if overlap else 1.0)
         momentum = DEFAULT_MOMENTUM[kind] if momentum is None else momentum
         if not lr > 0:
             raise ValueError(f"coordinator option outer_lr={lr!r} must be > 0")

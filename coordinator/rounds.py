@@ -129,11 +129,12 @@ class Rounds:
             self.fed.stopping = True
             self.fed.cond.notify_all()
 
-    def contributed(self, key: str, loss: float, train_s: float) -> None:
-        """``key``'s contribution was committed: its loss and compute time count in the
-        round's figures."""
+    def contributed(self, key: str, loss: float | None, train_s: float) -> None:
+        """``key``'s contribution was committed: its loss (if it said one) and compute
+        time count in the round's figures."""
         self.contributors.add(key)
-        self._losses.append(loss)
+        if loss is not None:
+            self._losses.append(loss)
         self._train_s.append(train_s)
         if self._first_commit_at is None:
             self._first_commit_at = time.monotonic()

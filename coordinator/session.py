@@ -65,6 +65,10 @@ class Session:
     """Bytes [up, down] of its recent rounds' exchanges, by round: their floors' bytes."""
     efficiency: Efficiency | None = None
     """Its latest timed exchange against its floor."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The named metrics its site last reported (``Announce.metrics``)."""
+    metrics_round: int = -1
+    """The round whose contribution carried them (-1: none yet)."""
     # Counters for status and the round's accounting.
     bytes_up: int = 0
     bytes_down: int = 0

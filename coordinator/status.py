@@ -79,6 +79,10 @@ class AgentStatus:
     tp: int = 1
     last_error: str = ""
     """Why its site last went down, as it said (docs/sites.md); "" if it never failed."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The named metrics its site last reported (a script's ``skyfed.Site.report``)."""
+    metrics_round: int = -1
+    """The round whose contribution carried ``metrics`` (-1: none yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,9 @@ class Status:
     eval_loss: float = 0.0
     """Its loss: the task's ``eval_loss`` on the canonical weights (0 while ``eval_round``
     is -1)."""
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    """Every named metric of that evaluation (a task's ``eval_metrics``: loss, accuracy,
+    perplexity...; ``{"loss": eval_loss}`` for a task with ``eval_loss`` alone)."""
     replicas: ReplicaSet | None = None
     """The coordinator replicas (docs/failover.md); None: one coordinator, no election."""
 
@@ -203,6 +210,7 @@ def build_status(fed: Federation, windows: bool = False, departed: bool = False)
         checkpoint_s=rounds.checkpoint_wait_s,
         eval_round=fed.evaluation.round if fed.evaluation else -1,
         eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
+        eval_metrics=dict(fed.evaluation.metrics) if fed.evaluation else {},
     )
 
 
@@ -233,6 +241,8 @@ def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatu
         dp=s.dp,
         tp=s.tp,
         last_error=s.last_error,
+        metrics=dict(s.metrics),
+        metrics_round=s.metrics_round,
     )
 
 

@@ -23,6 +23,7 @@ from skyfed.errors import (
     UnsupportedDigestError,
     UnsupportedExchangeError,
     UnsupportedFrameError,
+    UnsupportedOuterError,
 )
 from skyfed.proto.serde import LEADER_METADATA
 
@@ -37,6 +38,7 @@ STATUS_CODES: dict[type[FederationError], grpc.StatusCode] = {
     UnsupportedExchangeError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedDigestError: grpc.StatusCode.FAILED_PRECONDITION,
     UnsupportedFrameError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedOuterError: grpc.StatusCode.FAILED_PRECONDITION,
     RevokedError: grpc.StatusCode.UNAUTHENTICATED,
     LateContributionError: grpc.StatusCode.ABORTED,
     AlreadyContributedError: grpc.StatusCode.ALREADY_EXISTS,

@@ -110,7 +110,14 @@ class Welcome(_message.Message):
     def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ..., stripe_token: _Optional[bytes] = ..., streams: _Optional[int] = ..., frame_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Contribution(_message.Message):
-    __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes", "timing")
+    __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes", "timing", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +125,7 @@ class Contribution(_message.Message):
     TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     samples: int
@@ -125,7 +133,8 @@ class Contribution(_message.Message):
     train_s: float
     raw_bytes: int
     timing: ExchangeTiming
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., samples: _Optional[int] = ..., loss: _Optional[float] = ..., train_s: _Optional[float] = ..., raw_bytes: _Optional[int] = ..., timing: _Optional[_Union[ExchangeTiming, _Mapping]] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., samples: _Optional[int] = ..., loss: _Optional[float] = ..., train_s: _Optional[float] = ..., raw_bytes: _Optional[int] = ..., timing: _Optional[_Union[ExchangeTiming, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ContributionEnd(_message.Message):
     __slots__ = ("round", "chunks")
@@ -320,7 +329,14 @@ class LinkWindow(_message.Message):
     def __init__(self, start_s: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., probes: _Optional[int] = ..., probes_lost: _Optional[int] = ..., goodput_mbit: _Optional[float] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency", "codec_params", "local_steps", "dp", "tp", "last_error")
+    __slots__ = ("cloud", "name", "state", "last_round", "codec", "rtt_ms", "bytes_up", "bytes_down", "connected_s", "codec_switches", "refused", "loss_pct", "jitter_ms", "goodput_mbit", "windows", "raw_bytes_up", "raw_bytes_down", "streams", "stream_switches", "efficiency", "codec_params", "local_steps", "dp", "tp", "last_error", "metrics", "metrics_round")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +362,8 @@ class AgentStatus(_message.Message):
     DP_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ROUND_FIELD_NUMBER: _ClassVar[int]
     cloud: str
     name: str
     state: str
@@ -371,7 +389,9 @@ class AgentStatus(_message.Message):
     dp: int
     tp: int
     last_error: str
-    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ..., codec_params: _Optional[str] = ..., local_steps: _Optional[int] = ..., dp: _Optional[int] = ..., tp: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    metrics_round: int
+    def __init__(self, cloud: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., last_round: _Optional[int] = ..., codec: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., connected_s: _Optional[float] = ..., codec_switches: _Optional[int] = ..., refused: _Optional[int] = ..., loss_pct: _Optional[float] = ..., jitter_ms: _Optional[float] = ..., goodput_mbit: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[LinkWindow, _Mapping]]] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., streams: _Optional[int] = ..., stream_switches: _Optional[int] = ..., efficiency: _Optional[_Union[LinkEfficiency, _Mapping]] = ..., codec_params: _Optional[str] = ..., local_steps: _Optional[int] = ..., dp: _Optional[int] = ..., tp: _Optional[int] = ..., last_error: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., metrics_round: _Optional[int] = ...) -> None: ...
 
 class LinkEfficiency(_message.Message):
     __slots__ = ("round", "cloud", "name", "exchange_s", "floor_s", "ratio", "rtt_ms", "rate_mbit", "goodput_mbit", "streams", "limit")
@@ -428,7 +448,7 @@ class RoundStat(_message.Message):
     def __init__(self, round: _Optional[int] = ..., duration_s: _Optional[float] = ..., train_s: _Optional[float] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., bytes_up: _Optional[int] = ..., bytes_down: _Optional[int] = ..., raw_bytes_up: _Optional[int] = ..., raw_bytes_down: _Optional[int] = ..., downlink_codec: _Optional[str] = ..., wall_s: _Optional[float] = ..., links: _Optional[_Iterable[_Union[LinkEfficiency, _Mapping]]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange", "rounds_planned", "min_agents", "refusals", "checkpoints", "checkpoint_s", "eval_round", "eval_loss", "replicas")
+    __slots__ = ("round", "agents", "weights_digest", "uptime_s", "rounds", "finished", "exchange", "rounds_planned", "min_agents", "refusals", "checkpoints", "checkpoint_s", "eval_round", "eval_loss", "eval_metrics", "replicas")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -436,6 +456,13 @@ class StatusReply(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class EvalMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ROUND_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -450,6 +477,7 @@ class StatusReply(_message.Message):
     CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     EVAL_ROUND_FIELD_NUMBER: _ClassVar[int]
     EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_METRICS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     round: int
     agents: _containers.RepeatedCompositeFieldContainer[AgentStatus]
@@ -465,8 +493,9 @@ class StatusReply(_message.Message):
     checkpoint_s: float
     eval_round: int
     eval_loss: float
+    eval_metrics: _containers.ScalarMap[str, float]
     replicas: ReplicaSet
-    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ..., rounds_planned: _Optional[int] = ..., min_agents: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., checkpoints: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., eval_round: _Optional[int] = ..., eval_loss: _Optional[float] = ..., replicas: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ..., rounds_planned: _Optional[int] = ..., min_agents: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., checkpoints: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., eval_round: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., replicas: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
 
 class ReplicaSet(_message.Message):
     __slots__ = ("replica", "leading", "term", "leader", "leader_address", "members", "failovers", "released", "alone")

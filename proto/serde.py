@@ -152,7 +152,8 @@ def _agent_message_from_proto(m: pb.AgentMessage) -> AgentMessage | None:
     if kind == "contribution":
         c = m.contribution
         timing = _from_proto(ExchangeTiming, c.timing) if c.HasField("timing") else None
-        return _from_proto(Announce, c, timing=timing)
+        loss = c.loss if c.HasField("loss") else None
+        return _from_proto(Announce, c, timing=timing, loss=loss, metrics=dict(c.metrics))
     if kind == "contribution_end":
         return _from_proto(ContributionEnd, m.contribution_end)
     if kind == "leave":
@@ -611,6 +612,7 @@ def status_from_proto(s: pb.StatusReply) -> Status:
             a,
             windows=[_from_proto(Window, w) for w in a.windows],
             efficiency=_from_proto(Efficiency, a.efficiency) if a.HasField("efficiency") else None,
+            metrics=dict(a.metrics),
         )
         for a in s.agents
     ]
@@ -624,7 +626,13 @@ def status_from_proto(s: pb.StatusReply) -> Status:
         failovers = [_from_proto(Failover, f) for f in s.replicas.failovers]
         replicas = _from_proto(ReplicaSet, s.replicas, members=members, failovers=failovers)
     return _from_proto(
-        Status, s, agents=agents, rounds=rounds, refusals=dict(s.refusals), replicas=replicas
+        Status,
+        s,
+        agents=agents,
+        rounds=rounds,
+        refusals=dict(s.refusals),
+        eval_metrics=dict(s.eval_metrics),
+        replicas=replicas,
     )
 
 

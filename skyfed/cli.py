@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from skyfed.compression import codec_names
 from skyfed.logs import setup_logging
 from skyfed.wire import EXCHANGES
 
@@ -24,7 +25,7 @@ def main() -> None:
     "--codec",
     default="auto",
     show_default=True,
-    help="auto (the link policy), fp32, fp16, bf16, topk, ecsgd",
+    help=f"auto (the link policy), {', '.join(codec_names())}",
 )
 @click.option(
     "--exchange",

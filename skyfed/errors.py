@@ -35,6 +35,10 @@ class UnsupportedExchangeError(FederationError):
     """The agent cannot contribute what the federation exchanges (an older agent)."""
 
 
+class UnsupportedOuterError(FederationError):
+    """An agent whose local phase the federation's outer step was measured to diverge with."""
+
+
 class UnsupportedDigestError(FederationError):
     """A peer that names weights by another digest than this one (one from before v3)."""
 

@@ -11,13 +11,17 @@ simulation runs its real strategy. Benchmarks and research sweeps run this; none
 carries a copy of the round.
 
 What it leaves out is the network: every link runs the codec it is given (no monitor
-chooses), every round closes with every site, and time is compute only.
+chooses; a schedule may change it at round boundaries, as a policy's switches would),
+every round closes with every site, and time is compute only. What it adds is what a
+bench reads: the payload bytes each round put on the (absent) wire, both ways, and the
+coordinator's own held-out evaluation of the canonical weights (:meth:`evaluate`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,8 +30,11 @@ from skyfed.agent.launch import data_seed
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult, LocalTrainer
 from skyfed.certs.identity import Identity
+from skyfed.compression import frame
+from skyfed.compression.norms import all_finite
 from skyfed.compression.spec import wire_spec
 from skyfed.coordinator.downlink import Downlink
+from skyfed.coordinator.evaluate import Evaluator
 from skyfed.coordinator.links import CodecRun
 from skyfed.coordinator.model import Model, RoundRules
 from skyfed.fingerprint import model_spec
@@ -63,6 +70,20 @@ class SimulatedSite:
         return Identity.agent(TRUST_DOMAIN, self.cloud, self.agent_name).uri
 
 
+CLOUDS = ("aws", "gcp", "azure")
+"""The clouds of the first sites :func:`sharded` makes (the demo's and the lab's)."""
+
+
+def sharded(n: int, *, local_steps: int = 4, codec: str = "fp32") -> list[SimulatedSite]:
+    """``n`` sites as the lab's federation starts its agents: site ``i`` on shard ``i``
+    of ``n`` (clouds aws, gcp, azure, then site4, site5, ...)."""
+    clouds = [CLOUDS[i] if i < len(CLOUDS) else f"site{i + 1}" for i in range(n)]
+    return [
+        SimulatedSite(cloud=c, local_steps=local_steps, shard=i, num_shards=n, codec=codec)
+        for i, c in enumerate(clouds)
+    ]
+
+
 @dataclass(slots=True)
 class RoundResult:
     """One simulated round: what crossed the (absent) wire and the sites' losses."""
@@ -74,6 +95,28 @@ class RoundResult:
     """Payload bytes of the broadcast, times the sites it goes to."""
     losses: list[float] = field(default_factory=list)
     samples: int = 0
+    framing: int = 0
+    """Of ``bytes_up + bytes_down``, the frames' headers and codec parameters (fixed per
+    tensor: what dominates a tiny model's sparse payloads)."""
+    codecs: list[str] = field(default_factory=list)
+    """Each site's uplink codec with its parameters, as its link told it (wire spec)."""
+    downlink: str = ""
+    """The broadcast's codec (the heaviest of the uplinks')."""
+    uplinks: list[list[bytes]] = field(default_factory=list)
+    """Each site's payloads, in tensor order (``round(keep=True)`` only)."""
+    broadcast: list[bytes] = field(default_factory=list)
+    """The broadcast's payloads, in tensor order (``round(keep=True)`` only)."""
+
+
+Schedule = Callable[[int, int], str]
+"""``schedule(site, round) -> codec``: the codec site ``site``'s link runs in round
+``round`` (a policy's switches, replayed; the parameters are the policy's for the run of
+that codec, ``CodecRun``, so Top-k's warm-up counts from each switch to it)."""
+
+
+class Diverged(Exception):
+    """A site's local phase ended in a non-finite loss or update (a federation would
+    refuse it: its codecs and the coordinator's checks take finite values only)."""
 
 
 Tamper = Callable[[int, LocalResult, list[Payload]], tuple[int, list[Payload]]]
@@ -96,9 +139,11 @@ class Simulation:
         sgd_momentum: float = 0.9,
         overlap: bool = False,
         tamper: Tamper | None = None,
+        schedule: Schedule | None = None,
     ) -> None:
         """``task``, ``seed``, ``exchange``, ``sgd_*``, ``overlap``: as the coordinator's
-        configuration says them (every site runs the federation's task and seed)."""
+        configuration says them (every site runs the federation's task and seed).
+        ``schedule``: each site's codec by round instead of its ``codec``."""
         self.task = load_task(task)
         model = self.task.build_model(seed)
         named = list(model.named_parameters())
@@ -122,6 +167,12 @@ class Simulation:
         self._runs = [CodecRun() for _ in self.specs]
         self.overlap = overlap
         self.tamper = tamper
+        self.schedule = schedule
+        self.bytes_up = self.bytes_down = self.framing = 0
+        """Payload bytes of every round so far, both ways (as :class:`RoundResult`)."""
+        self.steps = 0
+        """Local steps each site has trained (the fewest of any site)."""
+        self.evaluator = Evaluator(self.task, every=1)
         self._pending: list[bytes] | None = None
         """Overlap: the last round's broadcast, applied after the next local steps."""
         for site in self.sites:  # a joining agent whose weights differ loads the federation's
@@ -132,19 +183,20 @@ class Simulation:
     def round_number(self) -> int:
         return self.model.round
 
-    def round(self) -> RoundResult:
+    def round(self, *, keep: bool = False) -> RoundResult:
         """Every site's local phase and contribution, the close, every site's apply (with
-        overlap: the previous round's apply, after the local phase)."""
+        overlap: the previous round's apply, after the local phase). ``keep``: the
+        result holds the round's payloads. :class:`Diverged` if a site's phase did."""
         round_ = self.model.open()
         number = round_.number
         result = RoundResult(number, 0, 0)
-        specs = []
         for i, (site, spec) in enumerate(zip(self.sites, self.specs, strict=True)):
             trained = site.train()
+            _check_finite(i, number, trained)
             if self._pending is not None:  # overlap: the aggregate arrives after the steps
                 site.apply(number - 1, self._pending)
             codec = self._uplink_spec(i, number)
-            specs.append(codec)
+            result.codecs.append(codec)
             payloads = list(site.stream_contribution(number, codec))
             samples = trained.samples
             if self.tamper is not None:
@@ -153,14 +205,24 @@ class Simulation:
             for payload in payloads:
                 round_.receive(contribution, payload)
                 result.bytes_up += len(payload.data)
+                result.framing += frame.header_length(payload.data)
+            if keep:
+                result.uplinks.append([bytes(p.data) for p in payloads])
             round_.commit(contribution)
             site.acked(number)
             result.losses.append(trained.loss)
             result.samples += trained.samples
-        codec = Downlink.codec_for(spec.split(":", 1)[0] for spec in specs)
+        result.downlink = Downlink.codec_for(c.split(":", 1)[0] for c in result.codecs)
         fewest = min(s.local_steps for s in self.specs)
-        down = [bytes(p.data) for p in round_.close(codec, fewest)]
+        down = [bytes(p.data) for p in round_.close(result.downlink, fewest)]
         result.bytes_down = sum(len(d) for d in down) * len(self.sites)
+        result.framing += sum(frame.header_length(d) for d in down) * len(self.sites)
+        if keep:
+            result.broadcast = down
+        self.bytes_up += result.bytes_up
+        self.bytes_down += result.bytes_down
+        self.framing += result.framing
+        self.steps += fewest
         if self.overlap:
             self._pending = down
         else:
@@ -176,6 +238,11 @@ class Simulation:
                 site.apply(self.model.round - 1, self._pending)
             self._pending = None
 
+    def evaluate(self) -> float:
+        """The coordinator's held-out evaluation (``coordinator/evaluate.py``, the task's
+        ``eval_loss``) of the canonical weights after the last closed round."""
+        return self.evaluator.evaluate(self.model.round - 1, self.model.weights).loss
+
     def digests(self) -> list[str]:
         """Each site's weights digest (every one equals ``model.weights_digest`` once the
         last broadcast is applied)."""
@@ -185,6 +252,14 @@ class Simulation:
         """Site ``i``'s codec in ``round_`` with the policy's parameters, as its link's
         (``Links.codec_params``) would tell it."""
         spec = self.specs[i]
-        self._runs[i] = run = self._runs[i].at(spec.codec, round_)
+        name = spec.codec if self.schedule is None else self.schedule(i, round_)
+        self._runs[i] = run = self._runs[i].at(name, round_)
         params = run.params(self.model.rules.policy, round_, spec.local_steps)
-        return wire_spec(spec.codec, json.dumps(params, sort_keys=True) if params else "")
+        return wire_spec(name, json.dumps(params, sort_keys=True) if params else "")
+
+
+def _check_finite(site: int, round_: int, trained: LocalResult) -> None:
+    """:class:`Diverged` for a site whose local phase left a non-finite loss or update."""
+    finite = math.isfinite(trained.loss) and all(d is None or all_finite(d) for d in trained.delta)
+    if not finite:
+        raise Diverged(f"site {site} diverged in round {round_} (loss {trained.loss})")

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 from skyfed.compression.frame import VERSION as FRAME_VERSION
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
-from skyfed.validate import is_text, is_token
+from skyfed.validate import is_text, is_token, metrics_problem
 
 EXCHANGES = ("delta", "gradient")
 """What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
@@ -154,11 +154,15 @@ class Announce:
     """Chunks that follow; 0: streamed, the count comes in its :class:`ContributionEnd`
     (the first chunks leave before the last tensor is encoded, docs/scale.md, Streams)."""
     samples: int
-    loss: float = 0.0
+    loss: float | None = 0.0
+    """The mean loss of its local steps; None: not known (a script's phase may not say)."""
     train_s: float = 0.0
     raw_bytes: int = 0
     timing: ExchangeTiming | None = None
     """The agent's last exchange, as it timed it (efficiency only)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Named metrics the site reported since its last contribution (``skyfed.Site.report``;
+    bounded by ``skyfed.validate.metrics_problem``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +441,11 @@ def _check_announce(m: Announce) -> None:
     _int_in("contribution.round", m.round, 0, MAX_ROUND)
     _int_in("contribution.chunks", m.chunks, 0, MAX_CHUNKS)
     _int_in("contribution.samples", m.samples, 1, MAX_SAMPLES)
-    _finite_in("contribution.loss", m.loss, -1e30, 1e30)
+    if m.loss is not None:
+        _finite_in("contribution.loss", m.loss, -1e30, 1e30)
+    problem = metrics_problem(m.metrics)
+    if problem is not None:
+        raise ProtocolError(f"contribution.metrics is out of bounds: {problem}")
     _finite_in("contribution.train_s", m.train_s, 0.0, MAX_TRAIN_S)
     _int_in("contribution.raw_bytes", m.raw_bytes, 0, MAX_RAW_BYTES)
 

@@ -29,7 +29,16 @@ class Task(Protocol):
       to run with ``tp > 1`` (or on CUDA, where the plan runs on a mesh of one). Without a
       plan, ``tp > 1`` is refused; a plan the model cannot take is refused before any rank
       trains (``skyfed.tasks.plans``).
-    - ``eval_loss(model) -> float``: loss on held-out data, for benchmarks and reports.
+    - ``eval_metrics(model) -> dict[str, float]``: named metrics on held-out data (loss,
+      accuracy, perplexity...), which the coordinator's evaluation runs on the
+      federation's weights and reports (status, Prometheus, ``rounds.jsonl``, the report;
+      docs/own-loop.md). ``loss`` among them is the held-out loss.
+    - ``eval_loss(model) -> float``: loss on held-out data, for benchmarks and reports
+      (the evaluation's ``{"loss": ...}`` for a task without ``eval_metrics``).
+
+    A site that runs its own script (``skyfed.Site``) needs none of this: the coordinator's
+    task then only has to build the same model (``skyfed.tasks.hf:causal_lm`` does for a
+    ``transformers`` config).
     """
 
     name: str

@@ -128,11 +128,13 @@ class LlamaTask:
         return self.eval_metrics(model)["loss"]
 
     def tp_plan(self) -> dict[str, str]:
-        """The model's own plan (``LlamaConfig.base_model_tp_plan``: q/k/v and the MLP's
-        gate and up projections column-wise, the outputs row-wise), under ``model.``."""
-        return {
-            f"model.{path}": style for path, style in self.model_config().base_model_tp_plan.items()
-        }
+        """The model's own plan (``skyfed.tasks.hf.hf_tp_plan``: ``LlamaConfig``'s
+        ``base_model_tp_plan``, q/k/v and the MLP's gate and up projections column-wise,
+        the outputs row-wise, under ``model.``), read off a model on the meta device."""
+        from skyfed.tasks.hf import hf_tp_plan
+
+        with torch.device("meta"):
+            return hf_tp_plan(self.build_model())
 
 
 def llama(**options: object) -> LlamaTask:

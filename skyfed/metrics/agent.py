@@ -2,7 +2,8 @@
 
 The snapshot is plain data: ``name``, ``cloud``, ``connected`` (in a session now),
 ``round`` (last applied), ``rounds_applied``, ``loss``, ``bytes_up``, ``bytes_down``,
-``codec``, ``dp`` and ``tp`` (the site's layout), ``gpus`` (the latest NVML reading of each
+``codec``, ``dp`` and ``tp`` (the site's layout), ``metrics`` (the named metrics the
+site last reported), ``gpus`` (the latest NVML reading of each
 rank's GPU, ``skyfed.agent.gpus.GpuReading`` as a dict; none: no GPU series) (see
 ``skyfed.agent.observe``).
 """
@@ -38,6 +39,8 @@ class AgentCollector(Collector):
         loss = float(snap.get("loss", math.nan))
         if math.isfinite(loss):
             out.add("skyfed_agent_training_loss", loss)
+        for metric, value in sorted(snap.get("metrics", {}).items()):
+            out.add("skyfed_agent_metric", float(value), metric)
         out.add("skyfed_agent_bytes_total", float(snap.get("bytes_up", 0)), "up")
         out.add("skyfed_agent_bytes_total", float(snap.get("bytes_down", 0)), "down")
         codec = str(snap.get("codec", "")).split(":", 1)[0]

@@ -149,6 +149,9 @@ def _federation(out: Families, snap: Snapshot, tally: RoundTally) -> None:
     if int(snap.get("eval_round", -1)) >= 0 and math.isfinite(snap["eval_loss"]):
         out.add("skyfed_eval_loss", float(snap["eval_loss"]))
         out.add("skyfed_eval_round", int(snap["eval_round"]))
+    if int(snap.get("eval_round", -1)) >= 0:
+        for name, value in sorted(snap.get("eval_metrics", {}).items()):
+            out.add("skyfed_eval_metric", float(value), name)
     states = {s: 0 for s in STATES}
     for agent in snap.get("agents", ()):
         states[agent["state"]] = states.get(agent["state"], 0) + 1
@@ -187,3 +190,5 @@ def _link(out: Families, agent: Mapping[str, Any], counters: Monotone) -> None:
     if math.isfinite(ratio):  # nan while the link's RTT or rate is unknown
         out.add("skyfed_link_exchange_floor_ratio", ratio, name)
     out.add("skyfed_link_last_round", int(agent.get("last_round", -1)), name)
+    for metric, value in sorted(agent.get("metrics", {}).items()):
+        out.add("skyfed_link_metric", float(value), name, metric)

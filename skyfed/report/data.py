@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skyfed.coordinator.history import ROUNDS_FILE, read
+from skyfed.coordinator.history import ROUNDS_FILE, read, rounds
 from skyfed.coordinator.runinfo import RUN_FILE
 
 STATUS_FILE = "status.json"
@@ -46,6 +46,27 @@ class RunData:
     def column(self, key: str) -> list[float]:
         return [float(r.get(key, math.nan)) for r in self.rounds]
 
+    def metrics(self) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+        """Every named metric the run recorded, by name, then by source: ``held-out``
+        (the coordinator's evaluations, less their loss: the loss figure's) or a site's
+        name (what it reported with its contributions); each source's (rounds, values)."""
+        out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+
+        def add(name: str, source: str, round_: int, value: float) -> None:
+            rounds, values = out.setdefault(name, {}).setdefault(source, ([], []))
+            rounds.append(round_)
+            values.append(float(value))
+
+        for e in self.evals:
+            for name, value in sorted(e.get("metrics", {}).items()):
+                if name != "loss":
+                    add(name, "held-out", int(e["round"]), value)
+        for r in self.rounds:
+            for site, link in sorted(r.get("links", {}).items()):
+                for name, value in sorted(link.get("metrics", {}).items()):
+                    add(name, site, int(r["round"]), value)
+        return out
+
     def wall_at(self, round_: int) -> float:
         """Wall time (s) the given round closed at; NaN if unknown."""
         for r in self.rounds:
@@ -61,16 +82,13 @@ def load(run_dir: Path) -> RunData:
         raise FileNotFoundError(
             f"{path} not found: run the coordinator with --run-dir {run_dir} to record one"
         )
-    rounds: dict[int, dict[str, Any]] = {}
-    evals: dict[int, dict[str, Any]] = {}
-    failovers: list[dict[str, Any]] = []
-    for line in read(path):
-        if line.get("kind") == "failover":  # a replica took over (docs/failover.md)
-            failovers.append(line)
-            continue
-        # A restarted coordinator appends: the latest line for a round wins.
-        (rounds if line.get("kind") == "round" else evals)[int(line["round"])] = line
-    ordered = [rounds[k] for k in sorted(rounds)]
+    lines = read(path)
+    by_round = rounds(lines)
+    # A restarted coordinator appends: the latest evaluation of a round wins.
+    evals = {int(x["round"]): x for x in lines if x.get("kind") == "eval"}
+    ordered = [by_round[k] for k in sorted(by_round)]
+    # A replica that took over (docs/failover.md).
+    failovers = [x for x in lines if x.get("kind") == "failover"]
     status, run = (_json(run_dir / name) for name in (STATUS_FILE, RUN_FILE))
     evals_ordered = [evals[k] for k in sorted(evals)]
     return RunData(ordered, evals_ordered, status, _links(ordered), run, failovers)

@@ -26,6 +26,9 @@ CAPTIONS = {
     "as its agent timed it; log scale.",
     "links": "Each link's codec over the rounds (the band), under its smoothed round-trip time "
     "and probe loss as the coordinator measured them when the round closed.",
+    "metrics": "Named metrics by round: the held-out evaluation of the canonical weights "
+    "(the task's eval_metrics) and what each site's own script reported with its "
+    "contribution to that round (skyfed.Site.report; docs/own-loop.md).",
 }
 
 
@@ -148,6 +151,9 @@ def _totals(data: RunData) -> list[tuple[str, str]]:
         rows.append(
             ("held-out loss", f"{finite[-1]['eval_loss']:.4f} (round {finite[-1]['round']})")
         )
+    for name, sources in data.metrics().items():
+        for source, (at, values) in sources.items():
+            rows.append((f"{source} {name}", f"{values[-1]:.4g} (round {at[-1]})"))
     if data.status is not None:
         digest = data.status.get("weightsDigest") or data.status.get("weights_digest", "")
         rows.append(("weights digest", digest[:16]))

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # noqa: E402
 
+from skyfed.compression import capabilities  # noqa: E402
 from skyfed.report.data import RunData  # noqa: E402
 
 STYLE = {
@@ -31,13 +32,6 @@ STYLE = {
 }
 # Okabe-Ito: distinguishable in colour-blind vision and in greyscale print.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000")
-CODEC_COLORS = {
-    "fp32": "#BBBBBB",
-    "bf16": "#56B4E9",
-    "fp16": "#0072B2",
-    "topk": "#E69F00",
-    "ecsgd": "#D55E00",
-}
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v")
 WIDTH_IN = 7.0  # a two-column figure's width, in inches
@@ -52,13 +46,15 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
         "efficiency": _efficiency,
         "links": _links,
     }
+    if data.metrics():
+        figures["metrics"] = _metrics
     paths = {}
     with plt.rc_context(STYLE):
         for name, draw in figures.items():
             fig = draw(data)
             for ax in fig.get_axes():
                 if ax.get_xlabel() == "round":
-                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
             path = out / f"{name}.png"
             fig.savefig(path, bbox_inches="tight")
             plt.close(fig)
@@ -97,6 +93,28 @@ def _loss(data: RunData) -> plt.Figure:
     by_round.set(xlabel="round", ylabel="loss", title="Loss by round")
     by_wall.set(xlabel="wall time since the coordinator started (s)", title="Loss by wall time")
     by_round.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+METRIC_PANELS = 6
+"""Named metrics drawn at most (one panel each); the totals table lists every one."""
+
+
+def _metrics(data: RunData) -> plt.Figure:
+    """One panel per named metric: the held-out evaluation's and each site's reports."""
+    named = list(data.metrics().items())[:METRIC_PANELS]
+    cols = min(3, len(named))
+    rows = -(-len(named) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH_IN, 2.3 * rows), squeeze=False)
+    for ax, (name, sources) in zip(axes.flat, named, strict=False):
+        for i, (source, (rounds, values)) in enumerate(sources.items()):
+            style = series_style(i, len(sources))
+            ax.plot(rounds, values, label=source, **style)
+        ax.set(xlabel="round", title=name)
+        ax.legend(loc="best")
+    for ax in list(axes.flat)[len(named) :]:
+        ax.set_visible(False)
     fig.tight_layout()
     return fig
 
@@ -204,12 +222,9 @@ def _links(data: RunData) -> plt.Figure:
         ax.set_xlabel("round")  # every row's: it marks the axis as one of rounds
         if i < len(names) - 1:
             ax.xaxis.label.set_visible(False)
-    used = sorted(
-        {c for s in data.links.values() for c in s.codec},
-        key=lambda c: list(CODEC_COLORS).index(c) if c in CODEC_COLORS else len(CODEC_COLORS),
-    )
+    used = sorted({c for s in data.links.values() for c in s.codec}, key=codec_style)
     fig.legend(
-        handles=[Patch(color=CODEC_COLORS.get(c, "black"), label=c) for c in used],
+        handles=[Patch(color=codec_style(c)[1], label=c) for c in used],
         loc="outside upper right",
         ncol=max(1, len(used)),
         title="codec (band)",
@@ -218,13 +233,24 @@ def _links(data: RunData) -> plt.Figure:
     return fig
 
 
+def codec_style(name: str) -> tuple[float, str]:
+    """A codec's place in a legend and its colour, from its capabilities (lightest
+    compression first); a codec this build does not know (a history recorded by
+    another) comes last, in black."""
+    try:
+        each = capabilities(name)
+    except ValueError:
+        return math.inf, "black"
+    return each.heaviness, each.color
+
+
 def _codec_strip(ax: plt.Axes, rounds: list[int], codecs: list[str]) -> None:
     """Each run of one codec as a coloured band over the rounds it covered."""
     i = 0
     for codec, run in groupby(codecs):
         n = len(list(run))
         start, end = rounds[i] - 0.5, rounds[i + n - 1] + 0.5
-        ax.broken_barh([(start, end - start)], (0, 1), color=CODEC_COLORS.get(codec, "black"))
+        ax.broken_barh([(start, end - start)], (0, 1), color=codec_style(codec)[1])
         if n >= max(2, len(rounds) // 12):
             ax.text((start + end) / 2, 0.5, codec, ha="center", va="center", fontsize=6)
         i += n

@@ -27,6 +27,7 @@ def test_a_long_local_phase_prints_its_local_step_between_rounds(pki):
         bytes_up=0,
         bytes_down=0,
         codec="fp32",
+        metrics={},
         site=Site(trainer),
     )
     lines: list[str] = []

@@ -24,7 +24,7 @@ def textbook(
     pending, held = {}, {}
     for key, g in tensors.items():
         e = residuals.get(key)
-        share = None if e is None or not codec.bounded_release else release_share(g, e)
+        share = None if e is None or not codec.capabilities.sends_all else release_share(g, e)
         if e is None:
             pending[key], held[key] = g.clone(), None
         elif share is None:

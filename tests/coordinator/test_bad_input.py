@@ -247,6 +247,36 @@ def test_agent_without_the_federations_exchange_is_failed_precondition(serve, ra
     assert "exchanges 'gradient'" in details and "['delta']" in details
 
 
+def test_agent_of_long_phases_under_dilocos_nesterov_defaults_is_failed_precondition(
+    serve, raw_agent
+):
+    """DiLoCo's 0.7 / 0.9 diverged at 128 local steps: such an agent is refused with the
+    reason, an agent of short phases joins, and a rate and momentum set are the
+    operator's to try."""
+    running = serve(min_agents=2, outer_optimizer="nesterov")
+    long, short = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    _, spec = model_and_spec()
+    hello = pb.Hello(
+        frame_version=frame.VERSION,
+        cloud="aws",
+        name="aws-1",
+        tensors=specs_to_proto(spec),
+        last_round=-1,
+        local_steps=128,
+    )
+    long.send(hello=hello)
+    code, details = long.ended()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "128 local steps" in details and "outer_lr and outer_momentum" in details
+    join(short, "gcp", "gcp-1")  # 0 local steps said: an agent from before the field
+    set_explicitly = serve(
+        min_agents=2, outer_optimizer="nesterov", outer_lr=0.3, outer_momentum=0.5
+    )
+    tried = raw_agent(set_explicitly.port, "aws-1")
+    tried.send(hello=hello)
+    assert tried.expect("welcome").welcome.round == 0
+
+
 def _precondition_refusal(running, raw_agent, digest_of) -> str:
     """The details of a hello refused at admission, naming the weights by ``digest_of``
     and, like an agent from before the field, no frame version unless told."""

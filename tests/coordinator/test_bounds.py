@@ -61,6 +61,28 @@ def test_contribution_with_overflowing_raw_bytes_is_refused_and_rounds_go_on(
             pb.AgentMessage(contribution=pb.Contribution(round=1 << 62, chunks=1, samples=1)),
             "contribution.round",
         ),
+        (
+            pb.AgentMessage(
+                contribution=pb.Contribution(round=0, chunks=1, samples=1, metrics={"a\nb": 1})
+            ),
+            "contribution.metrics",
+        ),
+        (
+            pb.AgentMessage(
+                contribution=pb.Contribution(
+                    round=0, chunks=1, samples=1, metrics={"acc": float("nan")}
+                )
+            ),
+            "contribution.metrics",
+        ),
+        (
+            pb.AgentMessage(
+                contribution=pb.Contribution(
+                    round=0, chunks=1, samples=1, metrics={f"m{i}": 1.0 for i in range(17)}
+                )
+            ),
+            "contribution.metrics",
+        ),
         (pb.AgentMessage(heartbeat=pb.Heartbeat(rtt_ms=float("nan"))), "heartbeat.rtt_ms"),
         (pb.AgentMessage(heartbeat=pb.Heartbeat(rtt_ms=-5.0)), "heartbeat.rtt_ms"),
         (
@@ -95,6 +117,9 @@ def test_contribution_with_overflowing_raw_bytes_is_refused_and_rounds_go_on(
         "loss-nan",
         "train-inf",
         "round-huge",
+        "metric-name-newline",
+        "metric-nan",
+        "metrics-too-many",
         "rtt-nan",
         "rtt-negative",
         "lost-over-settled",

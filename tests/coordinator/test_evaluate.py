@@ -37,6 +37,29 @@ def test_evaluation_runs_on_a_worker_and_reports_the_tasks_eval_loss():
     assert evaluator.latest == got[0]
 
 
+def test_a_tasks_eval_metrics_are_all_reported_and_held_to_the_wires_rules(caplog):
+    task = load_task("skyfed.tasks.llama:llama?hidden=32&layers=1&heads=2&kv_heads=2&block=16")
+    model = task.build_model(3)
+    result = Evaluator(task, every=1).evaluate(4, [p.detach().clone() for p in model.parameters()])
+    expected = task.eval_metrics(model)
+    assert result.metrics == pytest.approx(expected) and set(expected) == {
+        "loss",
+        "perplexity",
+        "accuracy",
+    }
+    assert result.loss == pytest.approx(expected["loss"])
+
+    class Unruly:
+        build_model = task.build_model
+
+        def eval_metrics(self, model):
+            return {"loss": torch.tensor(2.0), "top 1": 0.5, "ok": float("inf"), "fine": 1}
+
+    result = Evaluator(Unruly(), every=1).evaluate(5, [p.detach() for p in model.parameters()])
+    assert result.metrics == {"loss": 2.0, "fine": 1.0} and result.loss == 2.0
+    assert "metric dropped: metric name 'top 1' must be printable with no space" in caplog.text
+
+
 def test_a_task_without_eval_loss_is_never_evaluated():
     class NoEval:
         def build_model(self, seed):  # pragma: no cover - never called

@@ -46,6 +46,13 @@ def test_nesterov_defaults_are_dilocos():
     assert OuterSettings.resolve("nesterov", None, None) == OuterSettings("nesterov", 0.7, 0.9)
 
 
+def test_overlap_halves_an_unset_outer_rate_and_keeps_a_set_one():
+    assert OuterSettings.resolve("sgd", None, None, overlap=True) == OuterSettings("sgd", 0.5)
+    halved = OuterSettings.resolve("nesterov", None, None, overlap=True)
+    assert (halved.lr, halved.momentum) == (0.35, 0.9)
+    assert OuterSettings.resolve("sgd", 1.0, None, overlap=True).lr == 1.0  # set: as set
+
+
 def test_restored_momentum_resumes_the_same_trajectory():
     means = rounds_of_means(6)
     straight = OuterOptimizer(OuterSettings.resolve("nesterov", None, None))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from skyfed.certs.testing import make_federation
+from skyfed.coordinator import history
 from skyfed.procs import Children, command, terminate, wait_for_file
 from skyfed.tasks import load_task
 from tests.browser import Browser
@@ -173,8 +174,10 @@ def test_prometheus_scrapes_rounds_links_and_agents(run):
 
 def test_held_out_loss_is_recorded_and_scraped(run):
     lines = [json.loads(x) for x in (run["work"] / "run" / "rounds.jsonl").read_text().splitlines()]
-    latest = {x["round"]: x for x in lines if x["kind"] == "round"}  # a round's latest wins
-    rounds = [latest[k] for k in sorted(latest)]
+    # One line per closed round; the links' timings, known a round later, on their own lines
+    assert sorted(x["round"] for x in lines if x["kind"] == "round") == list(range(ROUNDS))
+    folded = history.rounds(lines)
+    rounds = [folded[k] for k in sorted(folded)]
     evals = [x for x in lines if x["kind"] == "eval"]
     assert [r["round"] for r in rounds] == list(range(ROUNDS))
     # Each agent times a round's exchange in its next contribution: all rounds but the last.

@@ -35,7 +35,7 @@ def agent_exposition() -> str:
     snap = {"name": "aws-1", "cloud": "aws", "connected": True, "round": 0, "loss": 1.0}
     gpu = {"rank": 0, "host": "node-a", "index": 0, "utilization": 0.9, "temperature_c": 70.0}
     gpu |= {"memory_used_bytes": 1 << 30, "memory_total_bytes": 80 << 30, "power_w": 600.0}
-    snap |= {"dp": 2, "tp": 1, "gpus": [gpu]}
+    snap |= {"dp": 2, "tp": 1, "gpus": [gpu], "metrics": {"accuracy": 0.5}}
     registry.register(AgentCollector(lambda: snap))
     return generate_latest(registry).decode()
 
@@ -44,6 +44,7 @@ def full_coordinator_exposition() -> str:
     """Every optional coordinator field filled, so every family has a sample."""
     agent = {"name": "aws-1", "state": "idle", "codec": "fp16", "bytes_up": 1, "bytes_down": 1}
     agent.update(raw_bytes_up=2, raw_bytes_down=2, streams=2, efficiency={"ratio": 1.5})
+    agent.update(metrics={"accuracy": 0.5}, metrics_round=0)
     rnd = {"round": 0, "duration_s": 1.0, "train_s": 0.5, "contributors": 1, "mean_loss": 2.0}
     rnd.update(bytes_up=1, bytes_down=1, raw_bytes_up=2, raw_bytes_down=2)
     snap = {
@@ -53,6 +54,7 @@ def full_coordinator_exposition() -> str:
         "min_agents": 1,
         "eval_round": 0,
         "eval_loss": 2.0,
+        "eval_metrics": {"loss": 2.0, "accuracy": 0.5},
         "refusals": {"ABORTED": 1},
         "checkpoints": 1,
         "checkpoint_s": 0.1,

@@ -247,6 +247,17 @@ def test_long_local_phases_get_ecsgd_in_the_long_phase_blocks_from_the_threshold
     assert config.codec_params("fp16", local_steps=128) == {}
 
 
+def test_a_link_of_long_phases_runs_ecsgd_where_the_policy_says_topk():
+    config = PolicyConfig()
+    assert config.phase_codec("topk", local_steps=128) == "ecsgd"
+    assert config.phase_codec("topk", local_steps=64) == "ecsgd"
+    assert config.phase_codec("topk", local_steps=63) == "topk"
+    assert config.phase_codec("topk", local_steps=0) == "topk"  # an agent that did not say
+    assert [config.phase_codec(c, 128) for c in ("fp16", "ecsgd")] == ["fp16", "ecsgd"]
+    assert PolicyConfig(long_phase_local_steps=0).phase_codec("topk", 1 << 20) == "topk"
+    assert PolicyConfig().for_gradient_exchange().phase_codec("topk", 128) == "topk"
+
+
 def test_long_phase_rule_yields_to_a_set_block_and_turns_off_at_0_and_under_gradient():
     assert PolicyConfig(ecsgd_block=256).codec_params("ecsgd", local_steps=128)["block"] == 256
     off = PolicyConfig(long_phase_local_steps=0)
