@@ -120,6 +120,7 @@ def main() -> None:
         "advertise": (str, "HOST:PORT agents dial for this replica (default: listen's)."),
         "lease_ttl_s": (int, "The replica's etcd lease TTL: a lost leader is replaced in ~this."),
         "etcd_prefix": (str, "This federation's keys in etcd."),
+        "replica_ack_timeout_s": (float, "Wait this long for a standby to hold each round."),
     },
 )
 @click.option(

@@ -197,6 +197,10 @@ class CoordinatorConfig:
     replaced within about this long)."""
     etcd_prefix: str = "skyfed"
     """This federation's keys in etcd: one etcd may serve several federations."""
+    replica_ack_timeout_s: float = 10.0
+    """How long a leader waits for a following standby to hold a round before agents get
+    its end; one that takes longer is marked behind and does not campaign until it has
+    caught up (docs/failover.md)."""
 
     @property
     def spill_dir(self) -> Path | None:

@@ -6,7 +6,8 @@ One ``"kind": "round"`` line per closed round holds the round's figures and, und
 carried since the previous round (summing its bytes over the lines counts every byte
 once), and the named metrics its site reported with its contribution to that round
 (``metrics``, docs/own-loop.md). A ``"kind": "eval"`` line holds a held-out evaluation,
-which finishes later than its round, with every metric it gave (``metrics``).
+which finishes later than its round, with every metric it gave (``metrics``); a
+``"kind": "failover"`` line, a coordinator replica taking over (docs/failover.md).
 
 A link's exchange in a round against its floor (``exchange_s``, ``floor_s``, ``ratio``,
 ``limit``; docs/striping.md) is known only once its agent timed it, which its next
@@ -92,6 +93,11 @@ class RunHistory:
                 "metrics": result.metrics,
             }
         )
+
+    def failover(self, record: dict[str, Any]) -> None:
+        """A coordinator replica took over (``Failover`` as data, with its ``wall_s``): a
+        ``"kind": "failover"`` line the report marks on its time axes."""
+        self._append({"kind": "failover", **record})
 
     def close(self) -> None:
         """Every line is flushed as written; nothing to do."""

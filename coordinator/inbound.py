@@ -4,9 +4,10 @@ A contribution is announced, then arrives chunk by chunk; each whole payload is 
 outside the lock and staged in the round's aggregate under it (held encoded until the
 close, ``coordinator/aggregate.py``); the last chunk (the header's count) or its
 ``ContributionEnd`` (a streamed one, whose count comes last) commits it and earns an
-accepted receipt. A refused one (late, already counted) gets a refused receipt and its chunks are
-counted off and discarded; one the round closes under is withdrawn, so the sum is as if
-it never came.
+accepted receipt. A refused one (late, already counted) gets a refused receipt and its
+chunks are counted off and discarded; one the round closes under is withdrawn, so the sum
+is as if it never came. A coordinator replica that leads forwards each payload to its
+standbys as it is staged (``coordinator/replicas/followers.py``).
 """
 
 from __future__ import annotations
@@ -224,7 +225,10 @@ class Intake:
         if payload is not None:
             checked = inbound.entry.check(payload)
             with fed.cond:
-                inbound.entry.stage(checked)
+                assert inbound.owner is not None
+                held = inbound.owner.stage(inbound.entry, checked)
+                if held is not None and fed.replication is not None:
+                    fed.replication.staged(inbound.owner, inbound.entry, held)
             failpoints.reached("upload", inbound.round)
         if inbound.seen == inbound.expected:
             self._last_chunk(session, inbound)

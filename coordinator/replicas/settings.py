@@ -53,6 +53,8 @@ def check_replica_options(config: CoordinatorConfig) -> None:
         None,
         "set for https etcd endpoints",
     )
+    wait = config.replica_ack_timeout_s
+    require("coordinator", wait > 0, "replica_ack_timeout_s", wait, "> 0")
     ttl = config.lease_ttl_s
     require("coordinator", ttl >= MIN_LEASE_TTL_S, "lease_ttl_s", ttl, f">= {MIN_LEASE_TTL_S}")
     port = config.advertise.rpartition(":")[2]
