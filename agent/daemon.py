@@ -25,7 +25,7 @@ from skyfed.fingerprint import DIGEST_PREFIX, is_weights_digest
 from skyfed.logs import Phases
 from skyfed.netinfo import congestion_control, target_host
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
-from skyfed.validate import metrics_problem
+from skyfed.validate import MAX_METRICS, metrics_problem
 from skyfed.wire import (
     EXCHANGES,
     Announce,
@@ -179,9 +179,13 @@ class Agent:
             self._unsent = dict(metrics)
 
     def _take_metrics(self) -> dict[str, float]:
+        """What the next contribution carries: the script's metrics not yet sent, and the
+        site's GPU summary (``GpuBoard.summary``) in what room the wire's bound leaves."""
         with self._metrics_lock:
             unsent, self._unsent = self._unsent, {}
-        return unsent
+        room = MAX_METRICS - len(unsent)
+        gpus = [(k, v) for k, v in self.site.gpus.summary().items() if k not in unsent]
+        return {**unsent, **dict(gpus[: max(room, 0)])}
 
     def _follow(self, closed: LinkClosed) -> bool:
         """Pick the replica the next session dials: the leader a standby named, or the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from skyfed.errors import (
 )
 from skyfed.logs import Phases
 from skyfed.proto.chunks import Assembler
+from skyfed.validate import MAX_METRICS
 from skyfed.wire import MAX_CHUNKS, Announce, Chunk, ChunkKind, ContributionEnd, Receipt
 
 if TYPE_CHECKING:
@@ -102,7 +104,8 @@ class Intake:
             if header.timing is not None:
                 self._timed(session, header)
             if header.metrics:  # the site's own evaluation: shown whether or not it is late
-                session.metrics, session.metrics_round = dict(header.metrics), header.round
+                session.metrics = latest_metrics(session.metrics, header.metrics)
+                session.metrics_round = header.round
             if session.inbound is not None and session.inbound.open:
                 raise ProtocolError("a contribution was announced before the previous one ended")
             round_ = fed.rounds.round
@@ -302,3 +305,12 @@ def _check(header: Announce, open_round: int) -> None:
         )
     if header.samples < 1:
         raise ProtocolError(f"a contribution must count at least 1 sample, got {header.samples}")
+
+
+def latest_metrics(held: dict[str, float], new: Mapping[str, float]) -> dict[str, float]:
+    """The latest value of each metric a site reported: a script's accuracy, reported
+    every few phases, stays beside the GPU summary every contribution carries. Bounded
+    like one report (``MAX_METRICS``): the new names first, then the most recent others."""
+    kept = {k: v for k, v in held.items() if k not in new}
+    room = max(MAX_METRICS - len(new), 0)
+    return {**dict(list(kept.items())[-room:] if room else []), **new}

@@ -317,6 +317,13 @@ class Rounds:
         st.downlink_codec = codec
         st.staged_memory_bytes = held
         st.staged_disk_bytes = spilled
+        # Taken now: an agent's next contribution replaces its metrics before the observer
+        # writes this round's line.
+        st.metrics = {
+            s.identity.name: dict(s.metrics)
+            for s in fed.admission.sessions.values()
+            if s.metrics and s.metrics_round == st.round
+        }
         self.history.append(st)
         self._losses, self._train_s = [], []
         self._first_commit_at = None

@@ -36,6 +36,9 @@ class RoundStats:
     wall_s: float = 0.0
     """Seconds since the coordinator started, when the round closed."""
     links: list[Efficiency] = field(default_factory=list)
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The named metrics each site's contribution to this round carried, by agent name,
+    taken as the round closes (``rounds.jsonl``; the wire's status has no field for it)."""
     """Each link's exchange against its floor, once its agent timed it (its next
     contribution reports it)."""
 
