@@ -14,7 +14,7 @@ import grpc
 from skyfed.agent import failure
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.leader import Replicas
-from skyfed.agent.link import Link, LinkClosed, open_channel
+from skyfed.agent.link import Link, LinkClosed, open_channel, wait_connected
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalResult
 from skyfed.compression import PayloadError, codec_names, frame
@@ -27,6 +27,7 @@ from skyfed.netinfo import congestion_control, target_host
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
 from skyfed.wire import (
     EXCHANGES,
+    MAX_METRICS,
     Announce,
     Chunk,
     ChunkKind,
@@ -117,6 +118,9 @@ class Agent:
         self._unverified: RoundEnd | None = None
         self.replicas = Replicas(config.coordinators)
         """The coordinator replicas' addresses: the next session dials ``current``."""
+        self.term = 0
+        """The highest leader's term seen (docs/failover.md): anything from an older term
+        is refused, so a deposed leader's round is never applied."""
 
     @property
     def connected(self) -> bool:
@@ -176,9 +180,13 @@ class Agent:
             self._unsent = dict(metrics)
 
     def _take_metrics(self) -> dict[str, float]:
+        """What the next contribution carries: the script's metrics not yet sent, and the
+        site's GPU summary (``GpuBoard.summary``) in what room the wire's bound leaves."""
         with self._metrics_lock:
             unsent, self._unsent = self._unsent, {}
-        return unsent
+        room = MAX_METRICS - len(unsent)
+        gpus = [(k, v) for k, v in self.site.gpus.summary().items() if k not in unsent]
+        return {**unsent, **dict(gpus[: max(room, 0)])}
 
     def _follow(self, closed: LinkClosed) -> bool:
         """Pick the replica the next session dials: the leader a standby named, or the
@@ -199,6 +207,11 @@ class Agent:
         self._unverified = None
         address = self.replicas.current
         channel = open_channel(self.config, address)
+        try:
+            wait_connected(channel)
+        except LinkClosed:
+            channel.close()
+            raise
         link = Link(
             channel,
             coordinator=address,
@@ -262,8 +275,10 @@ class Agent:
             congestion_control=congestion_control(target_host(self.replicas.current)).name,
         )
         link.send(hello)
+        link.answered()
         welcome = self._expect(link, (Welcome,), WELCOME_TIMEOUT_S)
         assert isinstance(welcome, Welcome)
+        self._fenced(welcome.term, "welcome")
         if welcome.frame_version != frame.VERSION:  # every payload either way would be refused
             raise LinkClosed(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -284,9 +299,10 @@ class Agent:
         final = self._receive_weights(link) if welcome.weights_follow else False
         self.last_round = welcome.round - 1
         log.info(
-            "[Agent.Join] identity=%s round=%d codec=%s exchange=%s overlap=%s",
+            "[Agent.Join] identity=%s round=%d term=%d codec=%s exchange=%s overlap=%s",
             welcome.identity,
             welcome.round,
+            welcome.term,
             self.codec,
             exchange,
             self.overlap,
@@ -301,9 +317,10 @@ class Agent:
         datas: dict[int, bytes] = {}
         while True:
             message = self._expect(link, (Chunk, WeightsEnd), WELCOME_TIMEOUT_S)
+            assert isinstance(message, Chunk | WeightsEnd)
+            self._fenced(message.term, "weights")
             if isinstance(message, WeightsEnd):
                 break
-            assert isinstance(message, Chunk)
             if assembler.round is None:
                 assembler.round = message.round
             payload = assembler.add(message)
@@ -465,6 +482,7 @@ class Agent:
             raise ProtocolError("a second welcome on one session")
 
     def _aggregate_chunk(self, chunk: Chunk) -> None:
+        self._fenced(chunk.term, f"an aggregate chunk of round {chunk.round}")
         self.bytes_down += len(chunk.data)
         if self._agg is None or self._agg.round != chunk.round:
             if self.site.applying:  # a partly applied aggregate that will never end
@@ -489,6 +507,7 @@ class Agent:
         self._agg_datas[payload.tensor] = b""  # applied: only its arrival is kept
 
     def _round_end(self, end: RoundEnd) -> None:
+        self._fenced(end.term, f"the end of round {end.round}")
         agg, datas = self._agg, self._agg_datas
         if agg is None or agg.round != end.round or agg.next_seq != end.chunks:
             raise Resync(f"aggregate of round {end.round} arrived incomplete")
@@ -533,7 +552,7 @@ class Agent:
         self._unverified = None
         started = time.monotonic()
         digest = self.site.digest()
-        phase(end.round, "digested", wait_s=time.monotonic() - started)
+        phase(end.round, "digested", wait_s=time.monotonic() - started, digest=digest[:16])
         _check_digest_kind(end.weights_digest)
         if digest != end.weights_digest:
             raise Resync(f"after round {end.round} our weights differ from the coordinator's")
@@ -556,6 +575,21 @@ class Agent:
         self.site.refused(receipt.round)  # every rank credits its shards back
 
     # ---- helpers -------------------------------------------------------------------------
+
+    def _fenced(self, term: int, what: str) -> None:
+        """Refuse ``what`` if it carries an older leader's term than one already seen: the
+        session ends (nothing of it is applied) and the agent looks for the leader."""
+        if term < self.term:
+            log.warning(
+                "[Agent.Term] refused %s of term %d: term %d leads; looking for the leader",
+                what,
+                term,
+                self.term,
+            )
+            raise LinkClosed(
+                grpc.StatusCode.ABORTED, f"a deposed leader's {what} (term {term} < {self.term})"
+            )
+        self.term = term
 
     def _assembler(self, kind: int, round: int | None) -> Assembler:
         return Assembler(

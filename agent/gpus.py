@@ -162,6 +162,28 @@ class GpuBoard:
         elif r.temperature_c <= self.warn_c - REARM_C:
             self._hot.discard(r.rank)
 
+    def summary(self) -> dict[str, float]:
+        """The site's GPUs in four named metrics, which ride on its contributions to the
+        coordinator's status, metrics, ``rounds.jsonl`` and run report like a script's own
+        (docs/sites.md): mean utilisation and the fullest memory in percent, the hottest
+        GPU in C, the site's power in W. Empty without readings (a CPU site)."""
+        got = list(self.readings.values())
+        if not got:
+            return {}
+        return {
+            "gpu_util_pct": 100.0 * sum(r.utilization for r in got) / len(got),
+            "gpu_memory_pct": max(
+                (
+                    100.0 * r.memory_used_bytes / r.memory_total_bytes
+                    for r in got
+                    if r.memory_total_bytes
+                ),
+                default=0.0,
+            ),
+            "gpu_temperature_c": max(r.temperature_c for r in got),
+            "gpu_power_w": sum(r.power_w for r in got),
+        }
+
     def as_list(self) -> list[dict[str, Any]]:
         """The latest readings as plain data, by rank (the exporter's and the report's)."""
         return [self.readings[rank].as_dict() for rank in sorted(self.readings)]

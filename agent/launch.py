@@ -42,6 +42,7 @@ from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
 from skyfed.allocator import fix_mmap_threshold
 from skyfed.logs import setup_logging
+from skyfed.procs import exit_rank
 from skyfed.tasks import load_task
 
 if TYPE_CHECKING:
@@ -158,20 +159,6 @@ def rank_main(spec: RankSpec) -> None:
     setup_logging(spec.log_level if spec.rank == 0 else "ERROR", who=who)
     store = dist.TCPStore(STORE_HOST, spec.store_port, is_master=False)
     exit_rank(serve_rank(spec.config, spec.rank, spec.device_type, store))
-
-
-def exit_rank(code: int) -> NoReturn:
-    """End a rank process whose site has stopped and whose process groups are destroyed.
-
-    Its supervisor (``agent start``, srun, torchrun) judges it by its exit code alone, and
-    interpreter teardown from here sometimes aborts in torch's C++ destructors ("terminate
-    called without an active exception", SIGABRT: about one tp=2 run in four with torch
-    2.13, either rank), which would fail a finished site. So flush and leave at once.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def run_placed(config: AgentConfig, placement: Placement, log_level: str | None) -> NoReturn:

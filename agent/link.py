@@ -6,6 +6,7 @@ dataclasses, converted here by ``proto/serde.py``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -110,6 +111,30 @@ def open_channel(
     return grpc.secure_channel(target, channel_credentials(config), options=options)
 
 
+CONNECT_TIMEOUT_S = 5.0
+"""How long a dial may take to connect (TCP and TLS) before the next replica is tried: a
+partitioned coordinator black-holes it, and gRPC's own bound is 20 s (docs/failover.md)."""
+
+
+def wait_connected(channel: grpc.Channel, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Return once ``channel``'s first attempt to connect has an answer (connected, or
+    refused: the session's call then fails at once with gRPC's own reason); ``LinkClosed``
+    (UNAVAILABLE) if none comes within ``timeout_s``."""
+    settled = threading.Event()
+
+    def watch(state: grpc.ChannelConnectivity) -> None:
+        if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            settled.set()
+
+    channel.subscribe(watch, try_to_connect=True)
+    try:
+        settled.wait(timeout_s)
+    finally:
+        channel.unsubscribe(watch)
+    if not settled.is_set():
+        raise LinkClosed(grpc.StatusCode.UNAVAILABLE, f"no connection within {timeout_s:g} s")
+
+
 class Link:
     """A live session: messages go out through an outbox gRPC drains (heartbeats first), and
     come in on a queue."""
@@ -144,6 +169,25 @@ class Link:
         self._stop = threading.Event()
         self._beater = threading.Thread(target=self._beat, name="link-beat", daemon=True)
         self.bytes_up = 0
+
+    def answered(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Return once the session call has the coordinator's headers (it reached a
+        serving coordinator, which sends them at once) or has ended; ``LinkClosed``
+        (UNAVAILABLE) if neither within ``timeout_s``. A call can be left unanswered on a
+        connection to a replica's port at the moment its standby gives way to its leader,
+        while that connection answers keep-alives (docs/failover.md)."""
+        done = threading.Event()
+
+        def headers() -> None:
+            with contextlib.suppress(grpc.RpcError):
+                self._call.initial_metadata()
+            done.set()
+
+        threading.Thread(target=headers, name="link-headers", daemon=True).start()
+        if not done.wait(timeout_s):
+            raise LinkClosed(
+                grpc.StatusCode.UNAVAILABLE, f"the session had no answer within {timeout_s:g} s"
+            )
 
     def start_heartbeats(self, interval_s: float) -> None:
         """Heartbeats every ``interval_s``; and the loss probe, if the welcome offered one."""

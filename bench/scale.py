@@ -30,6 +30,13 @@ the recycled spare of the steady state: docs/scale.md, Checkpoints):
   before them, which saved before the broadcast) the write is timed from the
   checkpoint's temporary file appearing to its rename, all of it on the path.
 
+``--replicas 0,1,2`` runs the coordinator as that many replicas, one run each (0: one
+coordinator, no election, the default; 1: a replica elected through a local etcd, with
+no standby; 2: a leader and one standby that replays its rounds, docs/failover.md): the
+standby's CPU-s per round and peak RSS, and the release's medians (the wait for the
+standby's ack once the leader's checkpoint is written, the etcd write) come as four more
+columns, and the round figures show what following costs the leader.
+
 ``--phases`` runs every process at DEBUG and adds, per size and codec, where a round's
 time went along its critical path (``bench/phases.py``: the previous broadcast's apply,
 training, encode, upload, the coordinator's close, with their parts).
@@ -58,6 +65,8 @@ import phases  # bench/phases.py, beside this script
 from results_file import record  # bench/results_file.py, beside this script
 
 from skyfed.certs.testing import make_federation
+from skyfed.coordinator.admin import fetch_status
+from skyfed.coordinator.replicas.testing import EtcdServer
 from skyfed.procs import Children, command, wait_for_file
 from skyfed.tasks import load_task
 from skyfed.tasks.examples import parse_size
@@ -68,6 +77,9 @@ POLL_S = 0.02
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CHECKPOINT_LOG = re.compile(r"\[Coordinator\.Checkpoint\] round=(\d+) on_path_ms=([\d.]+)")
 CHECKPOINT_WRITE_LOG = re.compile(r"\[Coordinator\.Checkpoint\] round=(\d+) written_ms=([\d.]+)")
+RELEASE_LOG = re.compile(
+    r"\[Coordinator\.Release\] round=(\d+) standbys=\d+ ack_wait_ms=([\d.]+) etcd_ms=([\d.]+)"
+)
 
 
 @dataclass(slots=True)
@@ -88,6 +100,16 @@ class Row:
     rounds: int = 0
     stage: str = ""
     """The coordinator's ``--stage-memory`` ("": its default)."""
+    replicas: int = 0
+    """Coordinator replicas (0: one coordinator, no election)."""
+    standby_cpu_s: float = float("nan")
+    """CPU seconds per round of the standby replica (``replicas`` 2)."""
+    standby_rss: float = float("nan")
+    ack_wait_ms: float = float("nan")
+    """How long the round's end waited for the standby's ack once the leader's own
+    checkpoint was written (a replica's ``[Coordinator.Release]`` lines)."""
+    etcd_ms: float = float("nan")
+    """How long recording the release in etcd took."""
     phases: phases.Breakdown | None = None
     """Where the rounds' time went (``--phases``)."""
 
@@ -173,15 +195,23 @@ def watch(
     return seen, thread
 
 
-def run(params: int, codec: str, args: argparse.Namespace, work: Path, stage: str = "") -> Row:
+def run(
+    params: int,
+    codec: str,
+    args: argparse.Namespace,
+    work: Path,
+    stage: str = "",
+    replicas: int = 0,
+) -> Row:
     spec = f"{TASK}?params={params}"
     certs = work / "certs"
     agents = [(CLOUDS[i % len(CLOUDS)], f"{CLOUDS[i % len(CLOUDS)]}-1") for i in range(args.agents)]
-    make_federation(certs, agents)
+    ca = make_federation(certs, agents)
     status_file, ckpt_dir = work / "status.json", work / "ckpt"
     kids = Children(work / "logs")
     env = {"SKYFED_LOG_LEVEL": "DEBUG"} if args.phases else {}
     stop = threading.Event()
+    etcd = None
     try:
         flags = {
             "--certs": certs,
@@ -199,9 +229,24 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path, stage: st
             flags["--max-chunk-bytes"] = args.max_chunk_bytes
         if stage:
             flags["--stage-memory"] = stage
+        if replicas:
+            etcd = EtcdServer(work / "etcd")
+            for name in ("a", "b"):
+                ca.issue_coordinator(f"coordinator-{name}", hosts=("localhost", "127.0.0.1"))
+            flags.update({"--replica": "a", "--etcd": etcd.url, "--lease-ttl-s": 5})
         coordinator = kids.start("coordinator", command("coordinator", "serve", *_argv(flags)), env)
         seen, watcher = watch(kids, status_file, ckpt_dir, stop)
         port = int(wait_for_file(work / "port", 300, coordinator))
+        if replicas >= 2:
+            standby = flags | {
+                "--replica": "b",
+                "--listen": "127.0.0.1:0",
+                "--port-file": work / "standby-port",
+                "--status-file": work / "standby-status.json",
+                "--checkpoint-dir": work / "ckpt-standby",
+            }
+            kids.start("standby", command("coordinator", "serve", *_argv(standby)), env)
+            _wait_following(port, certs, "b")
         for i, (cloud, name) in enumerate(agents):
             agent = {
                 "--cloud": cloud,
@@ -225,7 +270,7 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path, stage: st
         stop.set()
         watcher.join()
         row = _row(params, codec, args, work, seen, kids, agents)
-        row.stage = stage
+        row.stage, row.replicas = stage, replicas
         if args.phases:
             names = [n for _, n in agents]
             row.phases = phases.breakdown({n: kids.log(n) for n in ["coordinator", *names]}, names)
@@ -233,6 +278,22 @@ def run(params: int, codec: str, args: argparse.Namespace, work: Path, stage: st
     finally:
         stop.set()
         kids.stop_all()
+        if etcd is not None:
+            etcd.stop()
+
+
+def _wait_following(port: int, certs: Path, replica: str, timeout_s: float = 300) -> None:
+    """Until the leader streams its rounds to ``replica`` (it attached; it follows from the
+    first round it acks)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            status = fetch_status(f"localhost:{port}", certs, "ops", timeout_s=2)
+            members = status.replicas.members if status.replicas else []
+            if any(m.name == replica and m.state != "standby" for m in members):
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"replica {replica} did not follow the leader within {timeout_s} s")
 
 
 def _row(
@@ -260,13 +321,21 @@ def _row(
     if len(marks) >= 2:
         (n0, c0), (n1, c1) = marks[0], marks[-1]
         row.cpu_s = (c1["coordinator"] - c0["coordinator"]) / (n1 - n0)
+        if "standby" in c0 and "standby" in c1:
+            row.standby_cpu_s = (c1["standby"] - c0["standby"]) / (n1 - n0)
         per_agent = [
             (c1[name] - c0[name]) / (n1 - n0) for _, name in agents if name in c0 and name in c1
         ]
         row.agent_cpu_s = statistics.mean(per_agent) if per_agent else float("nan")
     row.coordinator_rss = seen.hwm.get("coordinator", 0) / model_bytes
     row.agent_rss = max(seen.hwm.get(n, 0) for _, n in agents) / model_bytes
+    if "standby" in seen.hwm:
+        row.standby_rss = seen.hwm["standby"] / model_bytes
     log = kids.log("coordinator")
+    released = [m for m in RELEASE_LOG.finditer(log) if int(m.group(1)) >= args.warmup]
+    if released:
+        row.ack_wait_ms = statistics.median(float(m.group(2)) for m in released)
+        row.etcd_ms = statistics.median(float(m.group(3)) for m in released)
     on_path = [float(m.group(2)) for m in CHECKPOINT_LOG.finditer(log)]
     written = [float(m.group(2)) for m in CHECKPOINT_WRITE_LOG.finditer(log)]
     if written:
@@ -286,20 +355,37 @@ def size_text(n: int) -> str:
     return f"{n // 10**6}M" if n >= 10**6 else f"{n // 10**3}k"
 
 
+REPLICAS = {0: "", 1: ", 1 replica (etcd), no standby", 2: ", leader + 1 standby"}
+
+
 def table(rows: list[Row]) -> list[str]:
+    standbys = any(r.replicas for r in rows)
+    extra = (
+        " standby CPU-s/round | standby peak RSS / model | release: ack wait ms | etcd ms |"
+        if standbys
+        else ""
+    )
     lines = [
         "| params | codec | round s | training s | exchange s | coordinator CPU-s/round "
         "| agent CPU-s/round | coordinator peak RSS / model | agent peak RSS / model "
-        "| checkpoint on path ms | checkpoint write ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| checkpoint on path ms | checkpoint write ms |{extra}",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (4 if standbys else 0),
     ]
     for r in rows:
+        cells = ""
+        if standbys and r.replicas >= 2:
+            cells = f" {r.standby_cpu_s:.2f} | {r.standby_rss:.1f}x |"
+        elif standbys:
+            cells = " - | - |"
+        if standbys:
+            cells += f" {r.ack_wait_ms:.0f} | {r.etcd_ms:.0f} |" if r.replicas else " - | - |"
         lines.append(
-            f"| {size_text(r.params)} | {r.codec}{f', stage_memory {r.stage}' if r.stage else ''} "
+            f"| {size_text(r.params)} | {r.codec}{f', stage_memory {r.stage}' if r.stage else ''}"
+            f"{REPLICAS[r.replicas]} "
             f"| {r.round_s:.2f} | {r.train_s:.2f} "
             f"| {r.exchange_s:.2f} | {r.cpu_s:.2f} | {r.agent_cpu_s:.2f} "
             f"| {r.coordinator_rss:.1f}x "
-            f"| {r.agent_rss:.1f}x | {r.on_path_ms:.0f} | {r.write_ms:.0f} |"
+            f"| {r.agent_rss:.1f}x | {r.on_path_ms:.0f} | {r.write_ms:.0f} |{cells}"
         )
     return lines
 
@@ -348,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
         "default: its own default).",
     )
     parser.add_argument(
+        "--replicas",
+        default="0",
+        help="Coordinator replicas, one run each (comma-separated, e.g. 0,1,2; 0: one "
+        "coordinator; 2: a leader and a standby replaying its rounds).",
+    )
+    parser.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         help="Where the agents train (default: their own, cpu without a GPU); cuda puts "
@@ -370,21 +462,22 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.warmup <= args.rounds - 2:
         parser.error("--warmup must be 1..--rounds - 2 (CPU-s needs two rounds after it)")
     stages = [s.strip() for s in args.stage_memory.split(",")]  # [""]: the default once
+    counts = [int(n) for n in args.replicas.split(",")]
+    if not all(n in REPLICAS for n in counts):
+        parser.error(f"--replicas takes {sorted(REPLICAS)}")
     rows = []
-    for size in sizes:
-        for codec in codecs:
-            for stage in stages:
-                with tempfile.TemporaryDirectory(prefix="skyfed-scale-") as tmp:
-                    name = f"{size_text(size)}-{codec}" + (f"-stage{stage}" if stage else "")
-                    work = Path(tmp) if args.keep is None else args.keep / name
-                    work.mkdir(parents=True, exist_ok=True)
-                    started = time.monotonic()
-                    rows.append(run(size, codec, args, work, stage))
-                    print(
-                        f"{name}: done in {time.monotonic() - started:.0f} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+    runs = [(z, c, s, n) for z in sizes for c in codecs for s in stages for n in counts]
+    for size, codec, stage, replicas in runs:
+        with tempfile.TemporaryDirectory(prefix="skyfed-scale-") as tmp:
+            name = f"{size_text(size)}-{codec}" + (f"-stage{stage}" if stage else "")
+            name += f"-replicas{replicas}" if replicas else ""
+            work = Path(tmp) if args.keep is None else args.keep / name
+            work.mkdir(parents=True, exist_ok=True)
+            started = time.monotonic()
+            rows.append(run(size, codec, args, work, stage, replicas))
+            print(
+                f"{name}: done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True
+            )
     lines = [
         f"{args.agents} agents, {args.rounds} rounds, --local-steps {args.local_steps}, "
         f"loopback{', agents on cuda' if args.device == 'cuda' else ''}; "

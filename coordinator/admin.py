@@ -7,6 +7,7 @@ view of ``coordinator serve``, ``coordinator status`` and the demo show the same
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from pathlib import Path
@@ -69,20 +70,48 @@ def fetch_snapshot(address: str, certs: Path, name: str, timeout_s: float = 5.0)
 
 
 def replicas_table(replicas: ReplicaSet) -> Table:
-    """One row per coordinator replica: which leads, in which term (docs/failover.md)."""
+    """One row per coordinator replica: which leads, in which term, where each one's
+    state stands (docs/failover.md)."""
     leader = replicas.leader or "none known"
-    table = Table(
-        title=f"replicas  term {replicas.term}  leader {leader}  (answered by {replicas.replica})",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    for col in ("replica", "address", "role"):
-        table.add_column(col, no_wrap=True)
+    title = f"replicas  term {replicas.term}  leader {leader}  (answered by {replicas.replica})"
+    if replicas.leading and replicas.alone:
+        title += "  releasing alone: no standby follows"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("replica", "address", "role", "round", "lag"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("round", "lag") else "left")
     names = {m.name for m in replicas.members}
     for m in replicas.members:
-        table.add_row(m.name, m.address, "leader" if m.name == replicas.leader else "standby")
+        role = "leader" if m.name == replicas.leader else m.state
+        known = m.round >= 0 or m.lag >= 0
+        table.add_row(
+            m.name, m.address, role, str(m.round) if known else "-", str(m.lag) if known else "-"
+        )
     if replicas.leader and replicas.leader not in names:
         table.add_row(replicas.leader, replicas.leader_address, "leader (no live lease seen)")
+    table.caption = f"released round {replicas.released}; lag: rounds behind it"
+    return table
+
+
+def failovers_table(replicas: ReplicaSet) -> Table | None:
+    """Every change of leader, with its cause and duration; None before the first."""
+    if not replicas.failovers:
+        return None
+    table = Table(title="failovers", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("term", "from", "to", "cause", "took s", "round", "lost", "at (UTC)"):
+        table.add_column(col, no_wrap=True)
+    for f in replicas.failovers:
+        at = datetime.datetime.fromtimestamp(f.at_unix_s, datetime.UTC)
+        table.add_row(
+            str(f.term),
+            f.previous or "-",
+            f.replica,
+            f.cause,
+            f"{f.duration_s:.1f}",
+            str(f.round),
+            str(f.lost_rounds),
+            at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    table.caption = "took: the old leader's loss noticed -> the new leader serving"
     return table
 
 
@@ -208,6 +237,9 @@ def render_status(reply: Status) -> None:
         console.width = PIPED_WIDTH
     if reply.replicas is not None:
         console.print(replicas_table(reply.replicas))
+        failovers = failovers_table(reply.replicas)
+        if failovers is not None:
+            console.print(failovers)
         if not reply.replicas.leading:  # a standby's answer: it holds no round
             return
     console.print(headline(snap), agents_table(snap))

@@ -216,6 +216,7 @@ class Admission:
             overlap=fed.config.rounds.overlap,
             stripe_token=session.stripe_token,
             streams=session.streams if session.stripe_token else 0,
+            term=fed.term,
         )
 
     def weights_messages(self) -> list[CoordinatorMessage]:
@@ -229,12 +230,14 @@ class Admission:
             kind=ChunkKind.WEIGHTS,
             round=fed.model.round - 1,
             max_chunk_bytes=fed.config.transport.max_chunk_bytes,
+            term=fed.term,
         )
         end = WeightsEnd(
             round=fed.model.round - 1,
             chunks=len(chunks),
             weights_digest=fed.model.weights_digest,
             final=fed.rounds.finished,
+            term=fed.term,
         )
         return [*chunks, end]
 

@@ -14,9 +14,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.admission import Admission
@@ -29,10 +28,12 @@ from skyfed.coordinator.payload_pool import PayloadPool
 from skyfed.coordinator.rounds import Rounds
 from skyfed.coordinator.snapshot import build_status
 from skyfed.files import write_text_atomic
-from skyfed.fingerprint import TensorInfo
 from skyfed.proto import serde
 from skyfed.status import Status
 from skyfed.wire import max_payload_bytes, raw_bytes
+
+if TYPE_CHECKING:
+    from skyfed.coordinator.replicas.followers import Followers
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,16 @@ def round_rules(config: CoordinatorConfig) -> RoundRules:
 class Federation:
     """The coordinator's parts and their one lock."""
 
-    def __init__(
-        self, config: CoordinatorConfig, spec: Sequence[TensorInfo], weights: list[torch.Tensor]
-    ) -> None:
+    def __init__(self, config: CoordinatorConfig, model: Model, term: int = 0) -> None:
+        """``model``: the federation's (``coordinator/server.py`` builds it from the task,
+        resumed from ``checkpoint_dir``; an elected standby replica brings the one it kept
+        in step with the leader, docs/failover.md). ``term``: the leader's, on every
+        message that changes an agent's state (0: one coordinator, no replicas)."""
         self.config = config
+        self.term = term
+        self.replication: Followers | None = None
+        """The standbys following this leader (``coordinator/replicas/followers.py``);
+        None: one coordinator."""
         self.cond = threading.Condition()
         self.started_at = time.monotonic()
         self.stopping = False
@@ -74,7 +81,8 @@ class Federation:
         self.payloads = PayloadPool()
         """The payloads' memory, kept mapped from round to round (reused once nothing holds
         a payload): the uplinks' and the downlink's."""
-        self.model = Model(spec, weights, round_rules(config), memory=self.payloads.take)
+        model.downlink.feedback.memory = self.payloads.take
+        self.model = model
         self.max_payload = max_payload_bytes(self.model.spec)
         self.links = Links(
             config.codec,
@@ -86,7 +94,6 @@ class Federation:
         )
         self.admission = Admission(self)
         self.intake = Intake(self)
-        self._resume()
         self.rounds = Rounds(self)
 
     def run(self) -> None:
@@ -114,21 +121,22 @@ class Federation:
         with self.cond:
             self.refusals[code] += 1
 
-    def _resume(self) -> None:
-        """Resume the model from the newest checkpoint that verifies, if there is one."""
-        directory = self.config.checkpoints.checkpoint_dir
-        if directory is None:
-            return
-        checkpoint.clean_stale(directory)
-        # Weights, downlink residual and outer momentum: up to three float32 model copies.
-        checkpoint.check_room(directory, 3 * raw_bytes(self.model.spec))
-        ckpt = checkpoint.load(directory)
-        if ckpt is None:
-            return
-        if ckpt.spec_digest != self.model.spec_digest:
-            raise RuntimeError(
-                f"checkpoint in {directory} is for model {ckpt.spec_digest}, "
-                f"this federation trains {self.model.spec_digest}"
-            )
-        self.model.resume(ckpt)
-        log.info("[Coordinator.Resume] round=%d from=%s", self.model.round, directory)
+
+def resume(model: Model, directory: Path | None) -> None:
+    """Resume ``model`` from the newest checkpoint in ``directory`` that verifies, if
+    there is one (a standby replica starts from its own the same way)."""
+    if directory is None:
+        return
+    checkpoint.clean_stale(directory)
+    # Weights, downlink residual and outer momentum: up to three float32 model copies.
+    checkpoint.check_room(directory, 3 * raw_bytes(model.spec))
+    ckpt = checkpoint.load(directory)
+    if ckpt is None:
+        return
+    if ckpt.spec_digest != model.spec_digest:
+        raise RuntimeError(
+            f"checkpoint in {directory} is for model {ckpt.spec_digest}, "
+            f"this federation trains {model.spec_digest}"
+        )
+    model.resume(ckpt)
+    log.info("[Coordinator.Resume] round=%d from=%s", model.round, directory)

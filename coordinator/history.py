@@ -6,7 +6,8 @@ One ``"kind": "round"`` line per closed round holds the round's figures and, und
 carried since the previous round (summing its bytes over the lines counts every byte
 once), and the named metrics its site reported with its contribution to that round
 (``metrics``, docs/own-loop.md). A ``"kind": "eval"`` line holds a held-out evaluation,
-which finishes later than its round, with every metric it gave (``metrics``).
+which finishes later than its round, with every metric it gave (``metrics``); a
+``"kind": "failover"`` line, a coordinator replica taking over (docs/failover.md).
 
 A link's exchange in a round against its floor (``exchange_s``, ``floor_s``, ``ratio``,
 ``limit``; docs/striping.md) is known only once its agent timed it, which its next
@@ -53,7 +54,9 @@ class RunHistory:
         """Append one closed round with the links' state as ``agents`` show it now, and
         their efficiencies in it that are known (``record["links"]``)."""
         timed = record.get("links", [])
-        links = {a["name"]: self._link(a, int(record["round"])) for a in agents}
+        record = dict(record)
+        reported: dict[str, dict[str, float]] = record.pop("metrics", {})
+        links = {a["name"]: self._link(a, reported.get(a["name"])) for a in agents}
         line = _with_efficiency({"kind": "round", **record, "links": links}, timed)
         with self._lock:
             self._lines[int(record["round"])] = line
@@ -93,13 +96,19 @@ class RunHistory:
             }
         )
 
+    def failover(self, record: dict[str, Any]) -> None:
+        """A coordinator replica took over (``Failover`` as data, with its ``wall_s``): a
+        ``"kind": "failover"`` line the report marks on its time axes."""
+        self._append({"kind": "failover", **record})
+
     def close(self) -> None:
         """Every line is flushed as written; nothing to do."""
 
-    def _link(self, agent: dict[str, Any], round_: int) -> dict[str, Any]:
+    def _link(self, agent: dict[str, Any], metrics: dict[str, float] | None) -> dict[str, Any]:
+        """``metrics``: what the agent's contribution to the round carried (None: nothing)."""
         link = {k: agent[k] for k in LINK_FIELDS if k in agent}
-        if agent.get("metrics") and agent.get("metrics_round") == round_:
-            link["metrics"] = dict(agent["metrics"])
+        if metrics:
+            link["metrics"] = dict(metrics)
         for key in COUNTERS:
             total = int(agent.get(key, 0))
             last = self._totals.get((agent["name"], key), 0)

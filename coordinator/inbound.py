@@ -4,15 +4,17 @@ A contribution is announced, then arrives chunk by chunk; each whole payload is 
 outside the lock and staged in the round's aggregate under it (held encoded until the
 close, ``coordinator/aggregate.py``); the last chunk (the header's count) or its
 ``ContributionEnd`` (a streamed one, whose count comes last) commits it and earns an
-accepted receipt. A refused one (late, already counted) gets a refused receipt and its chunks are
-counted off and discarded; one the round closes under is withdrawn, so the sum is as if
-it never came.
+accepted receipt. A refused one (late, already counted) gets a refused receipt and its
+chunks are counted off and discarded; one the round closes under is withdrawn, so the sum
+is as if it never came. A coordinator replica that leads forwards each payload to its
+standbys as it is staged (``coordinator/replicas/followers.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +29,15 @@ from skyfed.errors import (
 )
 from skyfed.logs import Phases
 from skyfed.proto.chunks import Assembler
-from skyfed.wire import MAX_CHUNKS, Announce, Chunk, ChunkKind, ContributionEnd, Receipt
+from skyfed.wire import (
+    MAX_CHUNKS,
+    MAX_METRICS,
+    Announce,
+    Chunk,
+    ChunkKind,
+    ContributionEnd,
+    Receipt,
+)
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
@@ -102,7 +112,8 @@ class Intake:
             if header.timing is not None:
                 self._timed(session, header)
             if header.metrics:  # the site's own evaluation: shown whether or not it is late
-                session.metrics, session.metrics_round = dict(header.metrics), header.round
+                session.metrics = latest_metrics(session.metrics, header.metrics)
+                session.metrics_round = header.round
             if session.inbound is not None and session.inbound.open:
                 raise ProtocolError("a contribution was announced before the previous one ended")
             round_ = fed.rounds.round
@@ -225,7 +236,10 @@ class Intake:
         if payload is not None:
             checked = inbound.entry.check(payload)
             with fed.cond:
-                inbound.entry.stage(checked)
+                assert inbound.owner is not None
+                held = inbound.owner.stage(inbound.entry, checked)
+                if held is not None and fed.replication is not None:
+                    fed.replication.staged(inbound.owner, inbound.entry, held)
             failpoints.reached("upload", inbound.round)
         if inbound.seen == inbound.expected:
             self._last_chunk(session, inbound)
@@ -303,3 +317,12 @@ def _check(header: Announce, open_round: int) -> None:
         )
     if header.samples < 1:
         raise ProtocolError(f"a contribution must count at least 1 sample, got {header.samples}")
+
+
+def latest_metrics(held: dict[str, float], new: Mapping[str, float]) -> dict[str, float]:
+    """The latest value of each metric a site reported: a script's accuracy, reported
+    every few phases, stays beside the GPU summary every contribution carries. Bounded
+    like one report (``MAX_METRICS``): the new names first, then the most recent others."""
+    kept = {k: v for k, v in held.items() if k not in new}
+    room = max(MAX_METRICS - len(new), 0)
+    return {**dict(list(kept.items())[-room:] if room else []), **new}

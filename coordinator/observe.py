@@ -37,6 +37,9 @@ class Sink(Protocol):
 
     def eval(self, result: EvalResult, wall_s: float) -> None: ...
 
+    def failover(self, record: dict[str, Any]) -> None:
+        """A coordinator replica took over the federation (docs/failover.md)."""
+
     def close(self) -> None: ...
 
 
@@ -109,6 +112,12 @@ class Observer:
             round_, weights = rounds.lend_weights()
             self.evaluator.submit(round_, weights, rounds.weights_free.set)
         return snap
+
+    def failover(self, record: dict[str, Any]) -> None:
+        """This replica took over from another (its ``Failover`` as data, with its
+        ``wall_s``): the run's history marks it."""
+        for sink in self.sinks:
+            sink.failover(record)
 
     def _run(self) -> None:
         closed = self.federation.rounds.round_closed

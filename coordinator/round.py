@@ -49,6 +49,14 @@ class Round:
         )
         self._norms: dict[str, float] = {}
         """Each committed contribution's update norm, by agent (before clipping)."""
+        self._numbers: dict[Contribution, int] = {}
+        """Each contribution begun, numbered in the order it began: how a standby replica
+        is told which one a forwarded payload belongs to (docs/failover.md)."""
+        self._arrivals: list[tuple[Contribution, int, int]] = []
+        """Every staged payload as (contribution, tensor, its place in the staged list), in
+        the order it was staged: a norm is a float sum in that order, so a standby that
+        joins mid-round is sent them in it. Places, not payloads: a withdrawn
+        contribution's memory goes with it."""
         self.closed = False
         self.mean_s = 0.0
         """Seconds its close spent on the mean and the outer step (its phase marks)."""
@@ -77,14 +85,44 @@ class Round:
                 samples,
                 cap,
             )
-        return self.aggregate.begin(min(samples, cap), key)
+        contribution = self.aggregate.begin(min(samples, cap), key)
+        self._numbers[contribution] = len(self._numbers)
+        return contribution
 
     def receive(self, contribution: Contribution, payload: Payload) -> Checked:
         """Check one whole payload and stage it (the coordinator checks outside its lock
-        and stages under it, calling the two halves itself)."""
+        and stages under it, calling :meth:`stage` itself)."""
         checked = contribution.check(payload)
-        contribution.stage(checked)
+        self.stage(contribution, checked)
         return checked
+
+    def stage(self, contribution: Contribution, checked: Checked) -> Payload | None:
+        """Hold a checked payload until the close; the payload as held (in memory or
+        spilled), or None where its contribution was withdrawn meanwhile."""
+        if contribution.done:
+            contribution.stage(checked)  # lets what its check held go
+            return None
+        contribution.stage(checked)
+        tensor = checked.payload.tensor
+        held = contribution.staged[tensor]
+        self._arrivals.append((contribution, tensor, len(held) - 1))
+        return held[-1]
+
+    def contribution_number(self, contribution: Contribution) -> int:
+        """``contribution``'s number in this round (the order contributions began)."""
+        return self._numbers[contribution]
+
+    def staged(self) -> Iterator[tuple[Contribution, Payload]]:
+        """Every payload held now, in the order it was staged (withdrawn contributions'
+        left out): what a standby that joins mid-round is sent."""
+        for contribution, tensor, place in self._arrivals:
+            held = contribution.staged.get(tensor)
+            if held:
+                yield contribution, held[place]
+
+    def committed_numbers(self) -> list[int]:
+        """The committed contributions' numbers, in the order they committed."""
+        return [self._numbers[c] for c in self.aggregate.contributions]
 
     def commit(self, contribution: Contribution) -> None:
         """Count ``contribution`` (every payload of it staged)."""
@@ -100,6 +138,7 @@ class Round:
         if self.closed:
             raise RuntimeError(f"round {self.number} is already closed")
         self.closed = True
+        self._arrivals = []  # the payloads go as the close takes each tensor
         model = self.model
         factors = model.norms.clip(self._norms)
         for contribution in self.aggregate.contributions:

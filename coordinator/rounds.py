@@ -9,7 +9,9 @@ this driver streams each tensor's payload to every agent as soon as the close yi
 it, writes the checkpoint while they travel, and sends each agent's ``RoundEnd``, the
 message that makes it apply the round, only once the checkpoint is whole on disk: every
 agent applies the same bytes, and no acknowledged round is lost (docs/scale.md,
-Checkpoints).
+Checkpoints). A coordinator replica that leads also waits for its standbys to hold the
+round and records its release under its term first (docs/failover.md): a deposed
+leader's round is never applied.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from skyfed import failpoints
 from skyfed.coordinator import checkpoint
+from skyfed.coordinator.replicas.followers import ReleaseRefused
 from skyfed.coordinator.round import Round
 from skyfed.fingerprint import DigestStream
 from skyfed.logs import Phases
@@ -146,6 +149,7 @@ class Rounds:
         self.opened = True
         self.stats = RoundStats(self.round.number, time.monotonic())
         phase(self.round.number, "open")
+        failpoints.reached("idle", self.round.number)  # open, nothing staged yet
         log.info(
             "[Coordinator.Round] round=%d opened agents=%d",
             self.round.number,
@@ -194,6 +198,9 @@ class Rounds:
         final = fed.config.rounds.rounds > 0 and number + 1 >= fed.config.rounds.rounds
         before = {s.key: s.bytes_down for s in sessions}
         fewest = min((s.local_steps for s in sessions), default=0)  # the shortest phase
+        if fed.replication is not None:  # the standbys close the same round beside us
+            since = fed.model.downlink.run.at(codec, number).since
+            fed.replication.closing(round_, codec, since, fewest)
         self._begin_checkpoint(number)
         chunks = self._stream(round_, round_.close(codec, fewest), sessions)
         self._end_checkpoint()
@@ -207,6 +214,7 @@ class Rounds:
             self.checkpoint_wait_s += on_path_s
             log.info("[Coordinator.Checkpoint] round=%d on_path_ms=%.0f", number, on_path_s * 1000)
         self._record(codec, contributors, aggregate.held, aggregate.spilled)
+        self._released(number)
         self._round_ends(number, sessions, before, chunks, contributors, final)
         self.stats.bytes_down += sum(s.bytes_down - before[s.key] for s in sessions)
         phase(number, "ended")
@@ -218,6 +226,18 @@ class Rounds:
         self.round_closed.set()  # the observer's cue (coordinator/observe.py)
         if not final:
             self.maybe_open()
+
+    def _released(self, number: int) -> None:
+        """A replica's round is released once its following standbys hold it and etcd
+        records it under this leader's term (``coordinator/replicas/followers.py``); a
+        leader whose term has ended releases nothing: ``ReleaseRefused`` ends its driver."""
+        replication = self.fed.replication
+        if replication is None:
+            return
+        if not replication.release(number, self.fed.model.weights_digest):
+            raise ReleaseRefused(f"round {number} was not released: term {replication.term} ended")
+        phase(number, "released")
+        failpoints.reached("release", number)  # standbys hold it; no agent has it yet
 
     def _stream(self, round_: Round, payloads: Iterable[Payload], sessions: list[Session]) -> int:
         """Queue every payload's chunks for every session as each payload is made (each
@@ -234,6 +254,7 @@ class Rounds:
                 first_seq=sent,
                 max_chunk_bytes=self.fed.config.transport.max_chunk_bytes,
                 views=True,
+                term=self.fed.term,
             ):
                 encoded = serde.serialized_chunk(chunk)
                 for s in sessions:
@@ -273,6 +294,7 @@ class Rounds:
                     codec_params=fed.links.codec_params(s, number + 1),
                     final=final,
                     streams=streams if s.stripe_token else 0,
+                    term=fed.term,
                 )
             )
             s.raw_bytes_down += raw_bytes(fed.model.spec)
@@ -295,16 +317,25 @@ class Rounds:
         st.downlink_codec = codec
         st.staged_memory_bytes = held
         st.staged_disk_bytes = spilled
+        # Taken now: an agent's next contribution replaces its metrics before the observer
+        # writes this round's line.
+        st.metrics = {
+            s.identity.name: dict(s.metrics)
+            for s in fed.admission.sessions.values()
+            if s.metrics and s.metrics_round == st.round
+        }
         self.history.append(st)
         self._losses, self._train_s = [], []
         self._first_commit_at = None
         log.info(
-            "[Coordinator.Round] round=%d closed agents=%d loss=%.4f duration_s=%.3f down=%s",
+            "[Coordinator.Round] round=%d closed agents=%d loss=%.4f duration_s=%.3f down=%s "
+            "digest=%s",
             st.round,
             contributors,
             st.mean_loss,
             st.duration_s,
             codec,
+            fed.model.weights_digest[:16],
         )
 
     # ---- checkpoints ---------------------------------------------------------------------

@@ -17,10 +17,12 @@ from prometheus_client.registry import CollectorRegistry
 from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.export import export_weights
-from skyfed.coordinator.federation import Federation
+from skyfed.coordinator.federation import Federation, resume, round_rules
 from skyfed.coordinator.limits import CallLimits, calls_allowed
+from skyfed.coordinator.model import Model
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.probe import ProbeEcho
+from skyfed.coordinator.replicas.followers import Followers, ReleaseRefused
 from skyfed.coordinator.revocation import RevocationWatch
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.service import Leadership, serve_federation
@@ -50,25 +52,43 @@ class Running:
     """The bound port of ``metrics_listen``; None when it is off."""
 
 
-def build_federation(config: CoordinatorConfig) -> Federation:
+def initial_model(config: CoordinatorConfig) -> Model:
+    """The federation's model: the task's initial weights for ``seed``, resumed from the
+    newest checkpoint in ``checkpoint_dir`` that verifies."""
     task = load_task(config.task)
-    model = task.build_model(config.seed)
-    named = list(model.named_parameters())
+    module = task.build_model(config.seed)
+    named = list(module.named_parameters())
     # The parameters' own memory (float32 already): a clone would double the peak at start.
     weights = [p.detach().float().contiguous() for _, p in named]
     spec = model_spec(named)
-    del model, named
-    return Federation(config, spec, weights)
+    del module, named
+    model = Model(spec, weights, round_rules(config))
+    resume(model, config.checkpoints.checkpoint_dir)
+    return model
+
+
+def build_federation(
+    config: CoordinatorConfig, model: Model | None = None, term: int = 0
+) -> Federation:
+    return Federation(config, model or initial_model(config), term)
 
 
 @contextlib.contextmanager
 def run_server(
-    config: CoordinatorConfig, leadership: Leadership | None = None
+    config: CoordinatorConfig,
+    leadership: Leadership | None = None,
+    *,
+    model: Model | None = None,
+    replication: Followers | None = None,
 ) -> Iterator[Running]:
     """Serve until the block exits; binds ``config.transport.listen`` (port 0 picks one). A replica
-    passes its ``leadership``: sessions are admitted only while it leads
-    (``coordinator/replicas/serve.py``)."""
-    federation = build_federation(config)
+    passes its ``leadership``: sessions are admitted only while it leads, and every
+    message carries its term; ``model``, the state it followed as a standby, and
+    ``replication``, the standbys that follow it (``coordinator/replicas/serve.py``)."""
+    term = leadership.term if leadership is not None else 0
+    federation = build_federation(config, model, term)
+    if replication is not None:
+        federation.replication = replication.bind(federation)
     # What can refuse to start (a missing extra, a taken metrics port) does so before the
     # federation's port opens; /readyz answers 503 until the driver runs.
     observer = Observer(federation, config)
@@ -157,6 +177,9 @@ def _drive(federation: Federation) -> None:
     than serving on with no rounds: a supervisor restarts it from the last checkpoint."""
     try:
         federation.run()
+    except ReleaseRefused as exc:  # a replica's term ended: it becomes a standby again
+        federation.failure = exc
+        log.warning("[Coordinator.Rounds] %s", exc)
     except Exception as exc:  # noqa: BLE001 - any failure here ends the process
         federation.failure = exc
         log.critical("[Coordinator.Rounds] round driver failed: %r", exc, exc_info=True)

@@ -14,6 +14,7 @@ import grpc
 from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.limits import hello_due, stripes_allowed
+from skyfed.coordinator.replicas.followers import serve_replicate
 from skyfed.coordinator.security import PeerAuthenticator
 from skyfed.coordinator.session import Session as AgentSession
 from skyfed.coordinator.status_codes import abort, status_code
@@ -53,6 +54,10 @@ class Leadership(Protocol):
     def replica_set(self) -> ReplicaSet:
         """The replicas as this one sees them, for Status."""
 
+    @property
+    def term(self) -> int:
+        """The term this replica leads in (0 while it does not)."""
+
 
 class FederationServicer(pb_grpc.FederationServicer):
     def __init__(
@@ -76,6 +81,9 @@ class FederationServicer(pb_grpc.FederationServicer):
                 self.leadership.check()
             except FederationError as exc:
                 abort(context, exc)
+        # Headers at once: the agent learns its call reached a serving coordinator long
+        # before the welcome, which waits for the lock a round's close holds (agent/link.py).
+        context.send_initial_metadata(())
         session = AgentSession(call.identity, context.peer())
         hello_due(session, self.calls.first_message_s)
         call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
@@ -250,6 +258,13 @@ class FederationServicer(pb_grpc.FederationServicer):
             status = dataclasses.replace(status, replicas=self.leadership.replica_set())
         return serde.status_to_proto(status)
 
+    def Replicate(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        """A standby replica follows this leader (``coordinator/replicas/followers.py``)."""
+        call = self.calls.of(context)
+        yield from serve_replicate(
+            self.federation, call, self.leadership, request_iterator, context
+        )
+
 
 def serve_federation(
     server: grpc.Server,
@@ -282,6 +297,11 @@ def serve_federation(
             servicer.Status,
             request_deserializer=None,
             response_serializer=pb.StatusReply.SerializeToString,
+        ),
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            servicer.Replicate,
+            request_deserializer=None,
+            response_serializer=serde.leader_message_bytes,
         ),
     }
     service = pb.DESCRIPTOR.services_by_name["Federation"].full_name

@@ -55,6 +55,15 @@ class TensorBoardSink:
         if math.isfinite(result.loss):
             self._writer.add_scalar("loss/eval", result.loss, result.round)
 
+    def failover(self, record: dict[str, Any]) -> None:
+        """A new leader took over: its duration, at the first round it opens."""
+        self._writer.add_scalar("failover/duration_s", float(record["duration_s"]), record["round"])
+        self._writer.add_text(
+            "failover",
+            f"{record['previous']} -> {record['replica']}: {record['cause']}",
+            record["round"],
+        )
+
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()

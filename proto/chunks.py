@@ -36,8 +36,10 @@ def cut(
     first_seq: int,
     max_chunk_bytes: int,
     views: bool = False,
+    term: int = 0,
 ) -> Iterator[Chunk]:
     """Chunks for one payload, numbered from ``first_seq``; an empty payload is one chunk.
+    ``term``: the leader's, on what a coordinator replica sends (docs/failover.md).
 
     ``views``: each chunk's data is a memoryview of the payload's memory, not a copy, so
     the payload's memory lives as long as any of its chunks (the broadcast's queue holds
@@ -61,23 +63,33 @@ def cut(
             parts=parts,
             data=piece,  # type: ignore[arg-type]  # a memoryview with ``views``: bytes-like
             crc32=zlib.crc32(piece),
+            term=term,
         )
 
 
-def cut_all(payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int) -> list[Chunk]:
+def cut_all(
+    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int, term: int = 0
+) -> list[Chunk]:
     """Chunks for a whole transfer (contribution, aggregate, weights), numbered from 0."""
-    return list(cut_each(payloads, kind=kind, round=round, max_chunk_bytes=max_chunk_bytes))
+    return list(
+        cut_each(payloads, kind=kind, round=round, max_chunk_bytes=max_chunk_bytes, term=term)
+    )
 
 
 def cut_each(
-    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int
+    payloads: list[Payload], *, kind: int, round: int, max_chunk_bytes: int, term: int = 0
 ) -> Iterator[Chunk]:
     """:func:`cut_all`'s chunks one at a time, so each can be sent (and its copy of the
     data dropped) before the next is cut."""
     seq = 0
     for payload in payloads:
         for chunk in cut(
-            payload, kind=kind, round=round, first_seq=seq, max_chunk_bytes=max_chunk_bytes
+            payload,
+            kind=kind,
+            round=round,
+            first_seq=seq,
+            max_chunk_bytes=max_chunk_bytes,
+            term=term,
         ):
             seq += 1
             yield chunk

@@ -68,7 +68,7 @@ class Leave(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams", "frame_version")
+    __slots__ = ("round", "weights_follow", "codec", "codec_params", "max_chunk_bytes", "heartbeat_ms", "identity", "probe_port", "probe_key", "probe_interval_ms", "probe_id", "exchange", "sgd_lr", "sgd_momentum", "overlap", "stripe_token", "streams", "frame_version", "term")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class Welcome(_message.Message):
     STRIPE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     FRAME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     round: int
     weights_follow: bool
     codec: str
@@ -105,7 +106,8 @@ class Welcome(_message.Message):
     stripe_token: bytes
     streams: int
     frame_version: int
-    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ..., stripe_token: _Optional[bytes] = ..., streams: _Optional[int] = ..., frame_version: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, round: _Optional[int] = ..., weights_follow: _Optional[bool] = ..., codec: _Optional[str] = ..., codec_params: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., identity: _Optional[str] = ..., probe_port: _Optional[int] = ..., probe_key: _Optional[bytes] = ..., probe_interval_ms: _Optional[int] = ..., probe_id: _Optional[bytes] = ..., exchange: _Optional[str] = ..., sgd_lr: _Optional[float] = ..., sgd_momentum: _Optional[float] = ..., overlap: _Optional[bool] = ..., stripe_token: _Optional[bytes] = ..., streams: _Optional[int] = ..., frame_version: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round", "chunks", "samples", "loss", "train_s", "raw_bytes", "timing", "metrics")
@@ -157,15 +159,19 @@ class ExchangeTiming(_message.Message):
     def __init__(self, round: _Optional[int] = ..., up_s: _Optional[float] = ..., down_s: _Optional[float] = ..., codec_s: _Optional[float] = ..., streams: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("kind", "round", "tensor", "shard", "codec", "seq", "part", "parts", "data", "crc32")
+    __slots__ = ("kind", "round", "tensor", "shard", "codec", "seq", "part", "parts", "data", "crc32", "term")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         GRADIENT: _ClassVar[Chunk.Kind]
         AGGREGATE: _ClassVar[Chunk.Kind]
         WEIGHTS: _ClassVar[Chunk.Kind]
+        RESIDUAL: _ClassVar[Chunk.Kind]
+        MOMENTUM: _ClassVar[Chunk.Kind]
     GRADIENT: Chunk.Kind
     AGGREGATE: Chunk.Kind
     WEIGHTS: Chunk.Kind
+    RESIDUAL: Chunk.Kind
+    MOMENTUM: Chunk.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +182,7 @@ class Chunk(_message.Message):
     PARTS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     kind: Chunk.Kind
     round: int
     tensor: int
@@ -186,7 +193,8 @@ class Chunk(_message.Message):
     parts: int
     data: bytes
     crc32: int
-    def __init__(self, kind: _Optional[_Union[Chunk.Kind, str]] = ..., round: _Optional[int] = ..., tensor: _Optional[int] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., codec: _Optional[str] = ..., seq: _Optional[int] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, kind: _Optional[_Union[Chunk.Kind, str]] = ..., round: _Optional[int] = ..., tensor: _Optional[int] = ..., shard: _Optional[_Union[Shard, _Mapping]] = ..., codec: _Optional[str] = ..., seq: _Optional[int] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
     __slots__ = ("round", "accepted", "code", "message")
@@ -201,7 +209,7 @@ class Receipt(_message.Message):
     def __init__(self, round: _Optional[int] = ..., accepted: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RoundEnd(_message.Message):
-    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final", "codec_params", "streams")
+    __slots__ = ("round", "chunks", "weights_digest", "contributors", "mean_loss", "codec", "final", "codec_params", "streams", "term")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +219,7 @@ class RoundEnd(_message.Message):
     FINAL_FIELD_NUMBER: _ClassVar[int]
     CODEC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     weights_digest: str
@@ -220,19 +229,22 @@ class RoundEnd(_message.Message):
     final: bool
     codec_params: str
     streams: int
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ..., codec_params: _Optional[str] = ..., streams: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., contributors: _Optional[int] = ..., mean_loss: _Optional[float] = ..., codec: _Optional[str] = ..., final: _Optional[bool] = ..., codec_params: _Optional[str] = ..., streams: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class WeightsEnd(_message.Message):
-    __slots__ = ("round", "chunks", "weights_digest", "final")
+    __slots__ = ("round", "chunks", "weights_digest", "final", "term")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     round: int
     chunks: int
     weights_digest: str
     final: bool
-    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
+    term: int
+    def __init__(self, round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., final: _Optional[bool] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_ns", "echo_ns", "rtt_ms", "probes_settled", "probes_lost", "received")
@@ -486,25 +498,169 @@ class StatusReply(_message.Message):
     def __init__(self, round: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., weights_digest: _Optional[str] = ..., uptime_s: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[RoundStat, _Mapping]]] = ..., finished: _Optional[bool] = ..., exchange: _Optional[str] = ..., rounds_planned: _Optional[int] = ..., min_agents: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., checkpoints: _Optional[int] = ..., checkpoint_s: _Optional[float] = ..., eval_round: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_metrics: _Optional[_Mapping[str, float]] = ..., replicas: _Optional[_Union[ReplicaSet, _Mapping]] = ...) -> None: ...
 
 class ReplicaSet(_message.Message):
-    __slots__ = ("replica", "leading", "term", "leader", "leader_address", "members")
+    __slots__ = ("replica", "leading", "term", "leader", "leader_address", "members", "failovers", "released", "alone")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     LEADING_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    ALONE_FIELD_NUMBER: _ClassVar[int]
     replica: str
     leading: bool
     term: int
     leader: str
     leader_address: str
     members: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
-    def __init__(self, replica: _Optional[str] = ..., leading: _Optional[bool] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+    failovers: _containers.RepeatedCompositeFieldContainer[Failover]
+    released: int
+    alone: bool
+    def __init__(self, replica: _Optional[str] = ..., leading: _Optional[bool] = ..., term: _Optional[int] = ..., leader: _Optional[str] = ..., leader_address: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., released: _Optional[int] = ..., alone: _Optional[bool] = ...) -> None: ...
+
+class ReplicaHello(_message.Message):
+    __slots__ = ("replica", "term", "round", "weights_digest", "spec_digest", "snapshot")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    term: int
+    round: int
+    weights_digest: str
+    spec_digest: str
+    snapshot: bool
+    def __init__(self, replica: _Optional[str] = ..., term: _Optional[int] = ..., round: _Optional[int] = ..., weights_digest: _Optional[str] = ..., spec_digest: _Optional[str] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class ReplicaAck(_message.Message):
+    __slots__ = ("term", "round", "weights_digest")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    round: int
+    weights_digest: str
+    def __init__(self, term: _Optional[int] = ..., round: _Optional[int] = ..., weights_digest: _Optional[str] = ...) -> None: ...
+
+class ReplicaMessage(_message.Message):
+    __slots__ = ("hello", "ack")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    hello: ReplicaHello
+    ack: ReplicaAck
+    def __init__(self, hello: _Optional[_Union[ReplicaHello, _Mapping]] = ..., ack: _Optional[_Union[ReplicaAck, _Mapping]] = ...) -> None: ...
+
+class Following(_message.Message):
+    __slots__ = ("term", "round", "snapshot")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    round: int
+    snapshot: bool
+    def __init__(self, term: _Optional[int] = ..., round: _Optional[int] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class Forward(_message.Message):
+    __slots__ = ("term", "round", "contribution", "key", "samples", "chunks")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    round: int
+    contribution: int
+    key: str
+    samples: int
+    chunks: int
+    def __init__(self, term: _Optional[int] = ..., round: _Optional[int] = ..., contribution: _Optional[int] = ..., key: _Optional[str] = ..., samples: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class RoundClose(_message.Message):
+    __slots__ = ("term", "round", "codec", "codec_since", "local_steps", "contributions")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    CODEC_SINCE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    round: int
+    codec: str
+    codec_since: int
+    local_steps: int
+    contributions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, term: _Optional[int] = ..., round: _Optional[int] = ..., codec: _Optional[str] = ..., codec_since: _Optional[int] = ..., local_steps: _Optional[int] = ..., contributions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SnapshotEnd(_message.Message):
+    __slots__ = ("term", "round", "chunks", "weights_digest", "residual_digest", "momentum_digest", "norms", "codec", "codec_since")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    RESIDUAL_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NORMS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    CODEC_SINCE_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    round: int
+    chunks: int
+    weights_digest: str
+    residual_digest: str
+    momentum_digest: str
+    norms: _containers.RepeatedScalarFieldContainer[float]
+    codec: str
+    codec_since: int
+    def __init__(self, term: _Optional[int] = ..., round: _Optional[int] = ..., chunks: _Optional[int] = ..., weights_digest: _Optional[str] = ..., residual_digest: _Optional[str] = ..., momentum_digest: _Optional[str] = ..., norms: _Optional[_Iterable[float]] = ..., codec: _Optional[str] = ..., codec_since: _Optional[int] = ...) -> None: ...
+
+class LeaderMessage(_message.Message):
+    __slots__ = ("following", "chunk", "forward", "round_close", "snapshot_end")
+    FOLLOWING_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_FIELD_NUMBER: _ClassVar[int]
+    ROUND_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_END_FIELD_NUMBER: _ClassVar[int]
+    following: Following
+    chunk: Chunk
+    forward: Forward
+    round_close: RoundClose
+    snapshot_end: SnapshotEnd
+    def __init__(self, following: _Optional[_Union[Following, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., round_close: _Optional[_Union[RoundClose, _Mapping]] = ..., snapshot_end: _Optional[_Union[SnapshotEnd, _Mapping]] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("name", "address")
+    __slots__ = ("name", "address", "state", "round", "lag")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    state: str
+    round: int
+    lag: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., round: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class Failover(_message.Message):
+    __slots__ = ("term", "replica", "previous", "cause", "duration_s", "round", "lost_rounds", "at_unix_s")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LOST_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    replica: str
+    previous: str
+    cause: str
+    duration_s: float
+    round: int
+    lost_rounds: int
+    at_unix_s: float
+    def __init__(self, term: _Optional[int] = ..., replica: _Optional[str] = ..., previous: _Optional[str] = ..., cause: _Optional[str] = ..., duration_s: _Optional[float] = ..., round: _Optional[int] = ..., lost_rounds: _Optional[int] = ..., at_unix_s: _Optional[float] = ...) -> None: ...

@@ -52,6 +52,11 @@ class FederationStub:
                 request_serializer=skyfed_dot_proto_dot_federation__pb2.StatusRequest.SerializeToString,
                 response_deserializer=skyfed_dot_proto_dot_federation__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Replicate = channel.stream_stream(
+                '/skyfed.v1.Federation/Replicate',
+                request_serializer=skyfed_dot_proto_dot_federation__pb2.ReplicaMessage.SerializeToString,
+                response_deserializer=skyfed_dot_proto_dot_federation__pb2.LeaderMessage.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -81,6 +86,16 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request_iterator, context):
+        """A standby coordinator replica follows the leader (docs/failover.md): it says where its
+        state stands, the leader forwards every staged contribution and each round's close
+        (or a snapshot first), and the standby acknowledges each round it closed. Only a
+        coordinator's certificate may open it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +113,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=skyfed_dot_proto_dot_federation__pb2.StatusRequest.FromString,
                     response_serializer=skyfed_dot_proto_dot_federation__pb2.StatusReply.SerializeToString,
+            ),
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=skyfed_dot_proto_dot_federation__pb2.ReplicaMessage.FromString,
+                    response_serializer=skyfed_dot_proto_dot_federation__pb2.LeaderMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +204,33 @@ class Federation:
             '/skyfed.v1.Federation/Status',
             skyfed_dot_proto_dot_federation__pb2.StatusRequest.SerializeToString,
             skyfed_dot_proto_dot_federation__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/skyfed.v1.Federation/Replicate',
+            skyfed_dot_proto_dot_federation__pb2.ReplicaMessage.SerializeToString,
+            skyfed_dot_proto_dot_federation__pb2.LeaderMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,7 +22,15 @@ from skyfed.compression.monitor import Window
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
-from skyfed.status import AgentStatus, Efficiency, ReplicaInfo, ReplicaSet, RoundStats, Status
+from skyfed.status import (
+    AgentStatus,
+    Efficiency,
+    Failover,
+    ReplicaInfo,
+    ReplicaSet,
+    RoundStats,
+    Status,
+)
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -30,17 +38,26 @@ from skyfed.wire import (
     ContributionEnd,
     CoordinatorMessage,
     ExchangeTiming,
+    Following,
+    Forward,
     Heartbeat,
     Hello,
+    LeaderMessage,
     Leave,
     ProbeOffer,
     Receipt,
+    ReplicaAck,
+    ReplicaHello,
+    ReplicaMessage,
+    RoundClose,
     RoundEnd,
     ShardCoords,
+    SnapshotEnd,
     WeightsEnd,
     Welcome,
     check_agent_message,
     check_coordinator_message,
+    check_replica_message,
 )
 
 LEADER_METADATA = "skyfed-leader"
@@ -199,6 +216,83 @@ def _coordinator_message_from_proto(m: pb.CoordinatorMessage) -> CoordinatorMess
     return None
 
 
+# ---- the replicas' stream (docs/failover.md) -----------------------------------------------
+
+_REPLICA_BODIES: dict[type, tuple[str, type[Message]]] = {
+    ReplicaHello: ("hello", pb.ReplicaHello),
+    ReplicaAck: ("ack", pb.ReplicaAck),
+}
+_LEADER_BODIES: dict[type, tuple[str, type[Message]]] = {
+    Following: ("following", pb.Following),
+    Forward: ("forward", pb.Forward),
+    RoundClose: ("round_close", pb.RoundClose),
+    SnapshotEnd: ("snapshot_end", pb.SnapshotEnd),
+}
+
+
+def replica_message_to_proto(m: ReplicaMessage) -> pb.ReplicaMessage:
+    body, inner = _REPLICA_BODIES[type(m)]
+    return pb.ReplicaMessage(**{body: _to_proto(inner, m)})
+
+
+def replica_message_from_bytes(data: bytes) -> ReplicaMessage:
+    """What a standby sent, bounds checked; ProtocolError for anything else."""
+    m = parse(pb.ReplicaMessage, data)
+    kind = m.WhichOneof("body")
+    for cls, (body, _) in _REPLICA_BODIES.items():
+        if body == kind:
+            message = _from_proto(cls, getattr(m, body))
+            check_replica_message(message)
+            return message
+    raise ProtocolError("an empty or unknown replica message")
+
+
+def leader_message_to_proto(m: LeaderMessage) -> pb.LeaderMessage:
+    if isinstance(m, Chunk):
+        return pb.LeaderMessage(chunk=chunk_to_proto(m))
+    body, inner = _LEADER_BODIES[type(m)]
+    return pb.LeaderMessage(**{body: _to_proto(inner, m)})
+
+
+def leader_message_from_proto(m: pb.LeaderMessage) -> LeaderMessage:
+    """What the leader sent, bounds checked; ProtocolError for an empty or unknown body."""
+    kind = m.WhichOneof("body")
+    message: LeaderMessage | None = None
+    if kind == "chunk":
+        message = chunk_from_proto(m.chunk)
+    elif kind == "round_close":
+        rc = m.round_close
+        message = _from_proto(RoundClose, rc, contributions=tuple(rc.contributions))
+    elif kind == "snapshot_end":
+        message = _from_proto(SnapshotEnd, m.snapshot_end, norms=tuple(m.snapshot_end.norms))
+    else:
+        for cls, (body, _) in _LEADER_BODIES.items():
+            if body == kind:
+                message = _from_proto(cls, getattr(m, body))
+    if message is None:
+        raise ProtocolError("an empty or unknown message from the leader")
+    check_replica_message(message)
+    return message
+
+
+def leader_message_bytes(m: pb.LeaderMessage | Serialized) -> bytes:
+    """What the leader's ``Replicate`` stream sends (its response serializer)."""
+    return m.data if isinstance(m, Serialized) else m.SerializeToString()
+
+
+def replica_message_bytes(m: pb.ReplicaMessage) -> bytes:
+    return m.SerializeToString()
+
+
+def replicate_stream(channel: grpc.Channel) -> grpc.StreamStreamMultiCallable:
+    """The ``Replicate`` call as a standby makes it."""
+    return channel.stream_stream(
+        f"/{_FEDERATION}/Replicate",
+        request_serializer=replica_message_bytes,
+        response_deserializer=pb.LeaderMessage.FromString,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Serialized:
     """A message serialized once, queued as is on every session of a broadcast: each
@@ -285,13 +379,18 @@ def _chunk_parts(field: int, c: Chunk) -> Serialized:
     data = c.data
     head = _chunk_head(c) + (_delimited(9, data) if len(data) else b"")
     crc = _key(10, 5) + c.crc32.to_bytes(4, "little") if c.crc32 else b""
-    size = len(head) + len(data) + len(crc)
-    return Serialized((_key(field, 2) + _varint(size) + head, data, crc), "chunk")
+    tail = crc + _scalar(11, c.term)
+    size = len(head) + len(data) + len(tail)
+    return Serialized((_key(field, 2) + _varint(size) + head, data, tail), "chunk")
+
+
+# A leader's chunk is the same bytes whether it goes to an agent or to a standby replica.
+assert pb.LeaderMessage.DESCRIPTOR.fields_by_name["chunk"].number == _COORDINATOR_CHUNK_FIELD
 
 
 def serialized_chunk(c: Chunk) -> Serialized:
-    """``CoordinatorMessage{chunk: c}`` serialized, without building the message; its data
-    is joined in when a session sends it."""
+    """``CoordinatorMessage{chunk: c}`` (equally ``LeaderMessage{chunk: c}``) serialized,
+    without building the message; its data is joined in when a session sends it."""
     return _chunk_parts(_COORDINATOR_CHUNK_FIELD, c)
 
 
@@ -322,6 +421,7 @@ _CHUNK_FIELDS = {
     8: ("parts", 0, "u32"),
     9: ("data", 2, "bytes"),
     10: ("crc32", 5, "fixed32"),
+    11: ("term", 0, "i64"),
 }
 _SHARD_FIELDS = {1: "u32", 2: "i64", 3: "i64"}
 
@@ -429,6 +529,7 @@ def agent_chunk_from_bytes(data: bytes) -> tuple[int, Chunk] | None:
         parts=got.get("parts", 0),
         data=got.get("data", b""),
         crc32=got.get("crc32", 0),
+        term=got.get("term", 0),
     )
     check_agent_message(chunk)
     return order, chunk
@@ -489,7 +590,8 @@ def status_to_proto(s: Status) -> pb.StatusReply:
     replicas = None
     if s.replicas is not None:
         members = [_to_proto(pb.ReplicaInfo, m) for m in s.replicas.members]
-        replicas = _to_proto(pb.ReplicaSet, s.replicas, members=members)
+        failovers = [_to_proto(pb.Failover, f) for f in s.replicas.failovers]
+        replicas = _to_proto(pb.ReplicaSet, s.replicas, members=members, failovers=failovers)
     return _to_proto(pb.StatusReply, s, agents=agents, rounds=rounds, replicas=replicas)
 
 
@@ -511,7 +613,8 @@ def status_from_proto(s: pb.StatusReply) -> Status:
     replicas = None
     if s.HasField("replicas"):
         members = [_from_proto(ReplicaInfo, m) for m in s.replicas.members]
-        replicas = _from_proto(ReplicaSet, s.replicas, members=members)
+        failovers = [_from_proto(Failover, f) for f in s.replicas.failovers]
+        replicas = _from_proto(ReplicaSet, s.replicas, members=members, failovers=failovers)
     return _from_proto(
         Status,
         s,

@@ -54,6 +54,9 @@ class RoundStats:
     links: list[Efficiency] = field(default_factory=list)
     """Each link's exchange against its floor, once its agent timed it (its next
     contribution reports it)."""
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The named metrics each site's contribution to this round carried, by agent name,
+    taken as the round closes (``rounds.jsonl``; the wire's status has no field for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,35 @@ class ReplicaInfo:
 
     name: str
     address: str
+    state: str = "standby"
+    """leader | following | catching-up | behind | standby (one the leader does not hear from)."""
+    round: int = -1
+    """The last round its state holds (-1: not known)."""
+    lag: int = -1
+    """Rounds it is behind the leader's last released round (-1: not known)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """One change of leader, as the replica that took over recorded it (docs/failover.md)."""
+
+    term: int
+    replica: str
+    """The new leader."""
+    previous: str = ""
+    """The replica that led before ("": none known)."""
+    cause: str = ""
+    """Why the previous leader went: ``resigned`` (it stopped cleanly) or ``lease expired``
+    (killed, its host lost, or cut off from etcd)."""
+    duration_s: float = 0.0
+    """The previous leader's loss noticed -> the new leader serving."""
+    round: int = 0
+    """The first round the new leader opens."""
+    lost_rounds: int = 0
+    """Released rounds the new leader's state did not hold (0 unless every standby was
+    behind)."""
+    at_unix_s: float = 0.0
+    """When it took over, seconds since the epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +158,12 @@ class ReplicaSet:
     """HOST:PORT agents dial for the leader."""
     members: list[ReplicaInfo] = field(default_factory=list)
     """Every replica holding a live etcd lease, by name."""
+    failovers: list[Failover] = field(default_factory=list)
+    """Every change of leader, oldest first."""
+    released: int = -1
+    """The last round the leader released to the agents (-1: none yet)."""
+    alone: bool = False
+    """The leader releases rounds with no standby following it (no other replica holds them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,10 @@ class ChunkKind(IntEnum):
     GRADIENT = 0
     AGGREGATE = 1
     WEIGHTS = 2
+    RESIDUAL = 3
+    """A replica's snapshot: the downlink's error-feedback residual (docs/failover.md)."""
+    MOMENTUM = 4
+    """A replica's snapshot: the outer optimizer's momentum."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,9 @@ class Chunk:
     parts: int
     data: bytes
     crc32: int
+    term: int = 0
+    """The leader's term on what a coordinator replica sends (0: an agent's chunk, or one
+    coordinator's; docs/failover.md)."""
 
 
 # ---- agent to coordinator ------------------------------------------------------------------
@@ -214,6 +221,8 @@ class Welcome:
     frame_version: int = FRAME_VERSION
     """The payload frame it speaks (0 on the wire: version 1, a coordinator from before
     the field)."""
+    term: int = 0
+    """The leader's term (docs/failover.md); 0: one coordinator, no replicas."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +245,8 @@ class RoundEnd:
     final: bool
     streams: int = 0
     """Connections to stripe over from the next round (0: as now)."""
+    term: int = 0
+    """The leader's term (docs/failover.md); 0: one coordinator, no replicas."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +255,8 @@ class WeightsEnd:
     chunks: int
     weights_digest: str
     final: bool
+    term: int = 0
+    """The leader's term (docs/failover.md); 0: one coordinator, no replicas."""
 
 
 CoordinatorMessage = Welcome | Chunk | Receipt | RoundEnd | WeightsEnd | Heartbeat
@@ -315,6 +328,93 @@ def valid_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], list
             continue
         kept[name] = float(value)
     return kept, dropped
+
+
+# ---- coordinator replicas: a standby following the leader (docs/failover.md) ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHello:
+    """A standby's first message on ``Replicate``: where its state stands."""
+
+    replica: str
+    term: int
+    """The highest leader's term it has seen."""
+    round: int
+    """The last round its state holds (-1: the initial weights)."""
+    weights_digest: str
+    spec_digest: str
+    snapshot: bool = False
+    """It asks for a snapshot: its state fell out of step with the leader's."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaAck:
+    """A round the standby closed as the leader did, and its weights after it."""
+
+    term: int
+    round: int
+    weights_digest: str
+
+
+ReplicaMessage = ReplicaHello | ReplicaAck
+
+
+@dataclass(frozen=True, slots=True)
+class Following:
+    """The leader's answer to a hello: the open round, and whether a snapshot comes first."""
+
+    term: int
+    round: int
+    snapshot: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One payload a contribution staged at the leader; its ``chunks`` chunks follow."""
+
+    term: int
+    round: int
+    contribution: int
+    """Numbers the contribution within its round."""
+    key: str
+    """The contributor's identity URI: it orders the mean."""
+    samples: int
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundClose:
+    """The leader closes a round: the standby closes its own with exactly these."""
+
+    term: int
+    round: int
+    codec: str
+    codec_since: int
+    """The round the downlink's codec run started (Top-k's warm-up counts from it)."""
+    local_steps: int
+    contributions: tuple[int, ...]
+    """The committed contributions; every other one of the round is withdrawn."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotEnd:
+    """Ends a snapshot: the leader's state after ``round`` (``Model.checkpoint``)."""
+
+    term: int
+    round: int
+    chunks: int
+    weights_digest: str
+    residual_digest: str
+    """"": no residual held."""
+    momentum_digest: str
+    """"": no momentum held."""
+    norms: tuple[float, ...]
+    codec: str
+    codec_since: int
+
+
+LeaderMessage = Following | Chunk | Forward | RoundClose | SnapshotEnd
 
 
 # ---- bounds: every field of every agent message, checked once as it leaves serde ----------
@@ -424,8 +524,10 @@ def _check_contribution_end(m: ContributionEnd) -> None:
 
 
 def _check_chunk(m: Chunk) -> None:
-    _bound(m.kind in tuple(ChunkKind), "chunk.kind", m.kind, "GRADIENT, AGGREGATE or WEIGHTS")
+    agent_kinds = (ChunkKind.GRADIENT, ChunkKind.AGGREGATE, ChunkKind.WEIGHTS)
+    _bound(m.kind in agent_kinds, "chunk.kind", m.kind, "GRADIENT, AGGREGATE or WEIGHTS")
     _int_in("chunk.round", m.round, -1, MAX_ROUND)
+    _int_in("chunk.term", m.term, 0, MAX_ROUND)
     _text("chunk.codec", m.codec, 32)
     if m.shard is not None:
         dim, offset, length = m.shard
@@ -438,6 +540,90 @@ def _check_heartbeat(m: Heartbeat) -> None:
     _finite_in("heartbeat.rtt_ms", m.rtt_ms, 0.0, MAX_RTT_MS)
     _int_in("heartbeat.probes_settled", m.probes_settled, 0, MAX_PROBES)
     _int_in("heartbeat.probes_lost", m.probes_lost, 0, m.probes_settled)
+
+
+MAX_CONTRIBUTIONS = 1 << 16
+"""Contributions a replica's round close may name (far beyond any federation's members)."""
+MAX_NORMS = 1024
+"""Norms a snapshot's clipping window may hold (``coordinator/robust.py`` keeps 32)."""
+
+
+def _check_replica_hello(m: ReplicaHello) -> None:
+    _text("hello.replica", m.replica, 63)
+    _int_in("hello.term", m.term, 0, MAX_ROUND)
+    _int_in("hello.round", m.round, -1, MAX_ROUND)
+    _text("hello.weights_digest", m.weights_digest, 128)
+    _text("hello.spec_digest", m.spec_digest, 128)
+
+
+def _check_replica_ack(m: ReplicaAck) -> None:
+    _int_in("ack.term", m.term, 0, MAX_ROUND)
+    _int_in("ack.round", m.round, 0, MAX_ROUND)
+    _text("ack.weights_digest", m.weights_digest, 128)
+
+
+def _check_following(m: Following) -> None:
+    _int_in("following.term", m.term, 0, MAX_ROUND)
+    _int_in("following.round", m.round, 0, MAX_ROUND)
+
+
+def _check_forward(m: Forward) -> None:
+    _int_in("forward.term", m.term, 0, MAX_ROUND)
+    _int_in("forward.round", m.round, 0, MAX_ROUND)
+    _int_in("forward.contribution", m.contribution, 0, MAX_CONTRIBUTIONS)
+    _text("forward.key", m.key)
+    _int_in("forward.samples", m.samples, 1, MAX_SAMPLES)
+    _int_in("forward.chunks", m.chunks, 1, MAX_CHUNKS)
+
+
+def _check_round_close(m: RoundClose) -> None:
+    _int_in("round_close.term", m.term, 0, MAX_ROUND)
+    _int_in("round_close.round", m.round, 0, MAX_ROUND)
+    _text("round_close.codec", m.codec, 32)
+    _int_in("round_close.codec_since", m.codec_since, 0, MAX_ROUND)
+    _int_in("round_close.local_steps", m.local_steps, 0, MAX_LOCAL_STEPS)
+    count = len(m.contributions)
+    _bound(count <= MAX_CONTRIBUTIONS, "round_close.contributions", count, "<= 65536 entries")
+    for c in m.contributions:
+        _int_in("round_close.contributions", c, 0, MAX_CONTRIBUTIONS)
+
+
+def _check_snapshot_end(m: SnapshotEnd) -> None:
+    _int_in("snapshot_end.term", m.term, 0, MAX_ROUND)
+    _int_in("snapshot_end.round", m.round, -1, MAX_ROUND)
+    _int_in("snapshot_end.chunks", m.chunks, 0, MAX_CHUNKS)
+    for name in ("weights_digest", "residual_digest", "momentum_digest"):
+        _text(f"snapshot_end.{name}", getattr(m, name), 128)
+    _bound(len(m.norms) <= MAX_NORMS, "snapshot_end.norms", len(m.norms), f"<= {MAX_NORMS}")
+    for n in m.norms:
+        _finite_in("snapshot_end.norms", n, 0.0, 1e300)
+    _text("snapshot_end.codec", m.codec, 32)
+    _int_in("snapshot_end.codec_since", m.codec_since, 0, MAX_ROUND)
+
+
+def _check_leader_chunk(m: Chunk) -> None:
+    _bound(m.kind in tuple(ChunkKind), "chunk.kind", m.kind, "a Chunk.Kind")
+    _int_in("chunk.round", m.round, -1, MAX_ROUND)
+    _int_in("chunk.term", m.term, 0, MAX_ROUND)
+    _text("chunk.codec", m.codec, 32)
+
+
+_REPLICA_CHECKS: dict[type, Callable[[Any], None]] = {
+    ReplicaHello: _check_replica_hello,
+    ReplicaAck: _check_replica_ack,
+    Following: _check_following,
+    Forward: _check_forward,
+    RoundClose: _check_round_close,
+    SnapshotEnd: _check_snapshot_end,
+    Chunk: _check_leader_chunk,
+}
+
+
+def check_replica_message(m: ReplicaMessage | LeaderMessage) -> ReplicaMessage | LeaderMessage:
+    """``m`` (either direction of ``Replicate``) if every field is within its bound; else
+    ProtocolError naming the field: a replica's peer is bounded like an agent."""
+    _REPLICA_CHECKS[type(m)](m)
+    return m
 
 
 _CHECKS: dict[type, Callable[[Any], None]] = {

@@ -14,6 +14,10 @@ succeeded meanwhile: it has stopped ``guard_s`` before any successor can exist, 
 etcd or the network does (docs/failover.md, "The timing"). A lease that was let go is
 never refreshed again: the deposed replica revokes it if it can and campaigns anew with a
 fresh one.
+
+A replica campaigns only while ``eligible()`` says so: a standby whose state is behind the
+last released round withdraws its candidacy until it has caught up (docs/failover.md,
+"Who may lead"); one that wins while no longer eligible resigns at once.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 """Pause after a failed etcd call before the next try (grant, campaign, observe)."""
+ELIGIBLE_POLL_S = 0.2
+"""How often a replica that may not campaign yet looks again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,7 @@ class Elector:
         address: str,
         ttl_s: int,
         on_change: Callable[[], None] | None = None,
+        eligible: Callable[[bool], bool] | None = None,
     ) -> None:
         self.etcd = etcd
         self.replica = replica
@@ -86,6 +93,9 @@ class Elector:
         self._election = f"{prefix}/leader".encode()
         self._registry = f"{prefix}/replicas/".encode()
         self._on_change = on_change or (lambda: None)
+        self.eligible: Callable[[bool], bool] = eligible or (lambda fresh: True)
+        """``eligible(fresh)``: whether this replica may campaign now (``serve.py``: its
+        state holds the last released round); ``fresh``: as etcd says at this moment."""
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._lease: int | None = None
@@ -93,8 +103,13 @@ class Elector:
         self._valid_until = 0.0  # monotonic: the lease is proven alive until then, less guard
         self._won: LeaderKey | None = None
         self._observed: Leader | None = None
+        self._other: Leader | None = None  # the last leader etcd named that was not us
         self._replicas: list[Replica] = []
         self._threads: list[threading.Thread] = []
+        self._campaigning = False
+        self.no_leader_since: float | None = None
+        """Monotonic time since which etcd has named no leader (None: one leads, or not
+        read yet)."""
 
     # ---- what the server reads ------------------------------------------------------------
 
@@ -102,6 +117,13 @@ class Elector:
     def leading(self) -> bool:
         with self._cond:
             return self._won is not None and time.monotonic() < self._valid_until
+
+    @property
+    def won(self) -> LeaderKey | None:
+        """The leader key this replica holds while it leads: the proof a write is made
+        under its term (``Etcd.put_if``)."""
+        with self._cond:
+            return self._won
 
     @property
     def term(self) -> int | None:
@@ -116,6 +138,13 @@ class Elector:
             if self._won is not None:
                 return Leader(self.replica, self.address, self._won.rev)
             return self._observed
+
+    @property
+    def previous(self) -> Leader | None:
+        """The last other replica etcd named as leader (None: none seen): who this one
+        took over from, once it leads."""
+        with self._cond:
+            return self._other
 
     @property
     def replicas(self) -> list[Replica]:
@@ -227,6 +256,7 @@ class Elector:
                 self._confirm(sent, ttl)
             self._read_replicas()
             self._read_leader()
+            self._withdraw_if_behind()
 
     def _confirm(self, sent: float, ttl: int) -> None:
         """A keep-alive (or the grant) sent at ``sent`` succeeded; the caller holds the lock."""
@@ -257,6 +287,8 @@ class Elector:
         if won is not None:
             log.warning("[Coordinator.Election] deposed term=%d: %s", won.rev, why)
             threading.Thread(target=self._on_change, name="elector-deposed", daemon=True).start()
+        else:
+            log.info("[Coordinator.Election] lease let go: %s", why)
         if lease is not None:
             threading.Thread(target=self._revoke, args=(lease,), daemon=True).start()
 
@@ -267,20 +299,41 @@ class Elector:
     # ---- the campaign --------------------------------------------------------------------
 
     def _campaign(self, lease: int, generation: int) -> None:
-        """Campaign with ``lease`` until elected or the lease is let go."""
+        """Campaign with ``lease`` until elected or the lease is let go; only while
+        ``eligible()``."""
         while not self._closed.is_set():
             with self._cond:
                 if generation != self._generation:
                     return
+            if not self.eligible(False):
+                self._closed.wait(ELIGIBLE_POLL_S)
+                continue
             try:
+                with self._cond:
+                    self._campaigning = True
                 won = self.etcd.campaign(self._election, lease, _value(self.address, self.replica))
                 current = self.etcd.leader(self._election)
             except (EtcdUnavailable, EtcdError) as exc:
                 log.warning("[Coordinator.Election] campaign: %s", exc)
                 self._closed.wait(RETRY_S)
                 continue
+            finally:
+                with self._cond:
+                    self._campaigning = False
             self._elected(won, current, generation)
             return
+
+    def _withdraw_if_behind(self) -> None:
+        """A candidate that is no longer eligible lets its lease go (its candidacy goes
+        with it) and campaigns again once it is."""
+        with self._cond:
+            if not self._campaigning or self._won is not None:
+                return
+        if self.eligible(False):
+            return
+        with self._cond:
+            if self._campaigning and self._won is None:
+                self._let_go("its state is behind the last released round: not a candidate")
 
     def _elected(self, won: LeaderKey, current: KeyValue | None, generation: int) -> None:
         with self._cond:
@@ -291,6 +344,14 @@ class Elector:
                 return
             if current is None or current.key != won.key:
                 self._let_go("etcd names another leader than the campaign won")
+                return
+        if not self.eligible(True):  # it fell behind while it waited in line
+            with self._cond:
+                if generation == self._generation:  # the lease's end takes the key back
+                    self._let_go("elected while behind the last released round: steps down")
+            return
+        with self._cond:
+            if generation != self._generation:
                 return
             self._won = won
             self._cond.notify_all()
@@ -317,6 +378,11 @@ class Elector:
             kv = self.etcd.leader(self._election)
         except (EtcdUnavailable, EtcdError):
             return
+        with self._cond:
+            if kv is not None:
+                self.no_leader_since = None
+            elif self.no_leader_since is None:
+                self.no_leader_since = time.monotonic()
         if kv is not None:
             self._observed_leader(kv)
 
@@ -330,6 +396,8 @@ class Elector:
         with self._cond:
             changed = leader != self._observed
             self._observed = leader
+            if leader.replica != self.replica:
+                self._other = leader
         if changed:
             log.info(
                 "[Coordinator.Election] leader=%s address=%s term=%d",

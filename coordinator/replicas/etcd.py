@@ -154,6 +154,33 @@ class Etcd:
     def put(self, key: bytes, value: bytes, lease: int = 0) -> None:
         self._post("/kv/put", {"key": _b64(key), "value": _b64(value), "lease": lease})
 
+    def get(self, key: bytes) -> KeyValue | None:
+        result = self._post("/kv/range", {"key": _b64(key)})
+        kvs = result.get("kvs", [])
+        return _kv(kvs[0]) if kvs else None
+
+    def put_if(self, held: LeaderKey, key: bytes, value: bytes) -> bool:
+        """Put ``key`` only while ``held`` is still the leader's key of its election
+        (the same create revision, the term): a deposed leader's write fails. True if
+        it was written."""
+        compare = {
+            "key": _b64(held.key),
+            "target": "CREATE",
+            "result": "EQUAL",
+            "create_revision": held.rev,
+        }
+        return self._txn([compare], key, value)
+
+    def put_if_absent(self, key: bytes, value: bytes) -> bool:
+        """Put ``key`` only if it does not exist; True if it was written."""
+        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0}
+        return self._txn([compare], key, value)
+
+    def _txn(self, compare: list[dict[str, Any]], key: bytes, value: bytes) -> bool:
+        put = {"request_put": {"key": _b64(key), "value": _b64(value)}}
+        result = self._post("/kv/txn", {"compare": compare, "success": [put]})
+        return bool(result.get("succeeded", False))
+
     def get_prefix(self, prefix: bytes) -> list[KeyValue]:
         end = prefix[:-1] + bytes([prefix[-1] + 1])
         result = self._post("/kv/range", {"key": _b64(prefix), "range_end": _b64(end)})

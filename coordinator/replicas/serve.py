@@ -1,11 +1,14 @@
 """A coordinator replica's life: standby until elected, leader until deposed or done.
 
-A standby serves its port with :mod:`standby` (agents are pointed at the leader). Once
+A standby serves its port with :mod:`standby` (agents are pointed at the leader) and
+keeps its own copy of the federation's state in step with the leader's (:mod:`replay`).
+It campaigns only while that state holds the last released round (:mod:`record`). Once
 etcd elects it, the standby's port closes and the coordinator proper starts on the same
-port (``coordinator/server.py``), admitting sessions only while the replica leads. Deposed
-(its lease no longer proven alive), it closes every session at once, stops, and becomes a
-standby again; its round state is its own checkpoint directory's (docs/failover.md says
-what a successor needs, and how it will get it).
+port with the state it followed (``coordinator/server.py``), admitting sessions only while
+the replica leads and streaming its rounds to the standbys that follow it
+(:mod:`followers`). Deposed (its lease no longer proven alive, or its release refused
+under a newer term), it closes every session at once, stops, and becomes a standby
+again (docs/failover.md).
 """
 
 from __future__ import annotations
@@ -16,16 +19,21 @@ import json
 import logging
 import socket
 import threading
+import time
 from typing import Literal
 
 import grpc
 
 from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.model import Model
 from skyfed.coordinator.replicas.election import Elector
 from skyfed.coordinator.replicas.etcd import Etcd, EtcdError, EtcdUnavailable, TlsFiles
+from skyfed.coordinator.replicas.followers import Followers, ReleaseRefused
+from skyfed.coordinator.replicas.record import Record
+from skyfed.coordinator.replicas.replay import Replay
 from skyfed.coordinator.replicas.settings import parse_endpoints
 from skyfed.coordinator.replicas.standby import Standing, standby_server
-from skyfed.coordinator.server import Running, run_server
+from skyfed.coordinator.server import Running, initial_model, run_server
 from skyfed.metrics.http import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -41,6 +49,7 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
     """Serve as replica ``config.replicas.replica`` until ``stop``, or the federation is done (0) or
     its round driver failed (1)."""
     etcd = connect(config)
+    record = Record(etcd, config.replicas.etcd_prefix, config.replicas.replica)
     elector = Elector(
         etcd,
         prefix=config.replicas.etcd_prefix,
@@ -48,33 +57,114 @@ def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
         address="",  # known once the port is bound
         ttl_s=config.replicas.lease_ttl_s,
     )
-    standing = Standing(elector)
-    listen = config.transport.listen
+    life = _Life(config, etcd, record, elector, Standing(elector, record))
+    model = initial_model(config)
     try:
         while not stop.is_set():
-            with (
-                standby_server(config, listen, standing) as port,
-                _standby_probes(config, standing),
-            ):
-                listen = f"{listen.rpartition(':')[0]}:{port}"  # the same port in every role
-                if not elector.address:
-                    elector.address = config.replicas.advertise or _advertised(listen)
-                    elector.start()
-                if not elector.wait_leading(stop):
-                    break
+            model, replay = life.stand_by(model, stop)
+            if replay is None:
+                break
             if _finished(etcd, config):
                 return 0
-            bound = dataclasses.replace(config.transport, listen=listen)
-            with run_server(dataclasses.replace(config, transport=bound), standing) as running:
-                outcome = _lead(running, elector, stop)
-            if outcome == "done":
-                _mark_finished(etcd, config, running)
-                return 0
-            if outcome == "failed":
-                return 1
+            outcome, model = life.lead(model, replay, stop)
+            if outcome in ("done", "failed"):
+                return 0 if outcome == "done" else 1
         return 0
     finally:
+        term = elector.term
+        if term is not None:
+            record.resigning(term)
         elector.close()  # after the coordinator stopped: no overlap with a successor
+
+
+@dataclasses.dataclass
+class _Life:
+    """What a replica keeps across its terms: its etcd, its election, its port."""
+
+    config: CoordinatorConfig
+    etcd: Etcd
+    record: Record
+    elector: Elector
+    standing: Standing
+
+    def __post_init__(self) -> None:
+        self.listen = self.config.transport.listen
+
+    def stand_by(self, model: Model, stop: threading.Event) -> tuple[Model, Replay | None]:
+        """Replay the leader's rounds on ``model`` until elected (the replay, which says
+        how the old leader went) or ``stop`` (None)."""
+        config, elector, record = self.config, self.elector, self.record
+        replay = Replay(config, model, elector)
+        elector.eligible = lambda fresh: record.eligible(
+            replay.held, replay.model.weights_digest, elector, fresh
+        )
+        self.standing.replay, self.standing.followers = replay, None
+        with (
+            standby_server(config, self.listen, self.standing) as port,
+            _standby_probes(config, self.standing),
+        ):
+            self.listen = f"{self.listen.rpartition(':')[0]}:{port}"  # one port, every role
+            replay.start()
+            if not elector.address:
+                elector.address = config.replicas.advertise or _advertised(self.listen)
+                elector.start()
+            elected = elector.wait_leading(stop)
+            model = replay.stop()  # a round close in progress finishes first
+        self.standing.replay = None
+        return model, replay if elected else None
+
+    def lead(self, model: Model, replay: Replay, stop: threading.Event) -> tuple[Outcome, Model]:
+        """Lead with the state ``model`` replayed until the term ends; the outcome and
+        the model to stand by with."""
+        config, elector, record = self.config, self.elector, self.record
+        followers = Followers(
+            elector.term or 0,
+            config.replicas.replica_ack_timeout_s,
+            lambda round_, digest: record.release(elector, round_, digest),
+        )
+        self.standing.followers = followers
+        bound = dataclasses.replace(config.transport, listen=self.listen)
+        served = dataclasses.replace(config, transport=bound)
+        with run_server(served, self.standing, model=model, replication=followers) as running:
+            _took_over(running, record, elector, replay)
+            outcome = _lead(running, elector, stop)
+        if outcome == "done":
+            _mark_finished(self.etcd, config, running)
+        return outcome, _kept(running, config)
+
+
+def _took_over(running: Running, record: Record, elector: Elector, replay: Replay) -> None:
+    """The new leader, serving: its wall time counts from the federation's start, and its
+    failover is recorded, logged and marked in the run's history."""
+    fed = running.federation
+    fed.started_at = time.monotonic() - (time.time() - record.started_unix_s())
+    with fed.cond:
+        held = fed.model.round - 1
+    failover = record.took_over(elector, replay.lost_at, replay.last_heard, held)
+    if failover is None:
+        return
+    log.warning(
+        "[Coordinator.Failover] term=%d replica=%s previous=%s cause=%s duration_s=%.2f "
+        "round=%d lost_rounds=%d",
+        failover.term,
+        failover.replica,
+        failover.previous or "-",
+        failover.cause,
+        failover.duration_s,
+        failover.round,
+        failover.lost_rounds,
+    )
+    wall_s = time.monotonic() - fed.started_at
+    running.observer.failover({**dataclasses.asdict(failover), "wall_s": wall_s})
+
+
+def _kept(running: Running, config: CoordinatorConfig) -> Model:
+    """The model a deposed leader goes on following with: its own, unless its round
+    driver never stopped (then its tensors may be half changed: the checkpoint's)."""
+    if running.driver.is_alive():
+        log.warning("[Coordinator.Replica] the round driver did not stop: resuming from disk")
+        return initial_model(config)
+    return running.federation.model
 
 
 def connect(config: CoordinatorConfig) -> Etcd:
@@ -94,7 +184,8 @@ def _lead(running: Running, elector: Elector, stop: threading.Event) -> Outcome:
     term = elector.term
     log.info("[Coordinator.Replica] leading replica=%s term=%s", elector.replica, term)
     while not stop.wait(POLL_S):
-        if not elector.leading:
+        refused = isinstance(fed.failure, ReleaseRefused)
+        if not elector.leading or refused:
             for session in list(fed.admission.sessions.values()):
                 session.close(grpc.StatusCode.UNAVAILABLE, "the coordinator replica was deposed")
             log.warning("[Coordinator.Replica] deposed: term %s ended", term)
@@ -131,22 +222,25 @@ def _mark_finished(etcd: Etcd, config: CoordinatorConfig, running: Running) -> N
 
 @contextlib.contextmanager
 def _standby_probes(config: CoordinatorConfig, standing: Standing):  # noqa: ANN202
-    """``/healthz`` alive, ``/readyz`` 503 on a standby's metrics port: a Kubernetes
-    Service sends agents to the ready replica, the leader."""
+    """``/healthz`` alive, ``/readyz`` 503 on a standby's metrics port (a Kubernetes
+    Service sends agents to the ready replica, the leader), and ``/metrics`` with the
+    replicas' families."""
     if not config.metrics.metrics_listen:
         yield
         return
     from prometheus_client.registry import CollectorRegistry
 
+    from skyfed.metrics.coordinator import ReplicaCollector
+
     def ready() -> tuple[bool, str]:
         return False, f"replica {config.replicas.replica} is a standby"
 
-    server = MetricsServer(
-        config.metrics.metrics_listen,
-        CollectorRegistry(),
-        ready,
-        public=config.metrics.metrics_public,
+    registry = CollectorRegistry()
+    registry.register(
+        ReplicaCollector(lambda: {"replicas": dataclasses.asdict(standing.replica_set())})
     )
+    metrics = config.metrics
+    server = MetricsServer(metrics.metrics_listen, registry, ready, public=metrics.metrics_public)
     try:
         yield
     finally:

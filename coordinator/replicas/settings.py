@@ -56,6 +56,10 @@ class ReplicasConfig:
     replaced within about this long)."""
     etcd_prefix: str = "skyfed"
     """This federation's keys in etcd: one etcd may serve several federations."""
+    replica_ack_timeout_s: float = 10.0
+    """How long a leader waits for a following standby to hold a round before agents get
+    its end; one that takes longer is marked behind and does not campaign until it has
+    caught up (docs/failover.md)."""
 
     def __post_init__(self) -> None:
         check_types(self, COMPONENT, SECTION)
@@ -76,6 +80,8 @@ class ReplicasConfig:
             raise error from None
         https = any(url.startswith("https://") for url in endpoints)
         _require(not https or self.etcd_ca is not None, "etcd_ca", None, "set for https etcd")
+        wait = self.replica_ack_timeout_s
+        _require(wait > 0, "replica_ack_timeout_s", wait, "> 0")
         ttl = self.lease_ttl_s
         _require(ttl >= MIN_LEASE_TTL_S, "lease_ttl_s", ttl, f">= {MIN_LEASE_TTL_S}")
         port = self.advertise.rpartition(":")[2]

@@ -9,6 +9,7 @@ dials it next (docs/failover.md).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -19,6 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.replicas.election import Elector
+from skyfed.coordinator.replicas.followers import Followers
+from skyfed.coordinator.replicas.record import Record
+from skyfed.coordinator.replicas.replay import Replay
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.status_codes import abort
 from skyfed.errors import FederationError, NotLeaderError
@@ -32,10 +36,21 @@ WORKERS = 8
 
 
 class Standing:
-    """A replica's standing for the servicers: leads or not, who does, every replica."""
+    """A replica's standing for the servicers: leads or not, who does, every replica and
+    where each one's state stands."""
 
-    def __init__(self, elector: Elector) -> None:
+    def __init__(self, elector: Elector, record: Record | None = None) -> None:
         self.elector = elector
+        self.record = record
+        self.replay: Replay | None = None
+        """This replica's replay of the leader's rounds, while it is a standby."""
+        self.followers: Followers | None = None
+        """The standbys following this replica, while it leads."""
+
+    @property
+    def term(self) -> int:
+        """The term this replica leads in (0 while it does not)."""
+        return self.elector.term or 0
 
     def check(self) -> None:
         """Raise NotLeaderError, naming the leader when known, unless this replica leads."""
@@ -54,20 +69,45 @@ class Standing:
 
     def replica_set(self) -> ReplicaSet:
         leader = self.elector.leader
+        leading = self.elector.leading
         members = [ReplicaInfo(r.name, r.address) for r in self.elector.replicas]
+        followers, _replay = self.followers, self.replay
+        released = self.record.released() if self.record is not None else None
+        last = released.round if released is not None else -1
+        alone = False
+        if leading and followers is not None:
+            members = followers.info(members)
+            last, alone = followers.released, followers.alone
+        members = [self._own(m, leading, last) for m in members]
         return ReplicaSet(
             replica=self.elector.replica,
-            leading=self.elector.leading,
+            leading=leading,
             term=leader.term if leader else 0,
             leader=leader.replica if leader else "",
             leader_address=leader.address if leader else "",
             members=members,
+            failovers=self.record.failovers() if self.record is not None else [],
+            released=last,
+            alone=alone,
         )
+
+    def _own(self, member: ReplicaInfo, leading: bool, released: int) -> ReplicaInfo:
+        """``member`` as this replica knows itself, when it is this replica."""
+        if member.name != self.elector.replica:
+            return member
+        if leading:
+            return dataclasses.replace(member, state="leader", round=released, lag=0)
+        replay = self.replay
+        if replay is None:
+            return member
+        lag = max(0, released - replay.held) if released >= 0 else 0
+        return dataclasses.replace(member, state=replay.state, round=replay.held, lag=lag)
 
 
 class StandbyServicer:
-    """Session and Stripe end at once with the leader's address; Status answers with the
-    replicas alone (a standby holds no round)."""
+    """Session, Stripe and Replicate end at once with the leader's address; Status answers
+    with the replicas and where this standby's own state stands (the round it would open
+    next, its weights' digest), no agents."""
 
     def __init__(self, standing: Standing, auth: PeerAuthenticator) -> None:
         self.standing = standing
@@ -80,6 +120,10 @@ class StandbyServicer:
 
     def Stripe(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
         self._refuse(context)
+        yield from ()
+
+    def Replicate(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext):  # noqa: N802, ANN201
+        self._refuse(context)  # a standby's replay is pointed at the leader as agents are
         yield from ()
 
     def _refuse(self, context: grpc.ServicerContext) -> None:
@@ -100,10 +144,11 @@ class StandbyServicer:
             serde.parse(pb.StatusRequest, request)
         except FederationError as exc:
             abort(context, exc)
+        replay = self.standing.replay
         status = Status(
-            round=0,
+            round=replay.held + 1 if replay is not None else 0,
             agents=[],
-            weights_digest="",
+            weights_digest=replay.model.weights_digest if replay is not None else "",
             uptime_s=time.monotonic() - self.started,
             rounds=[],
             finished=False,
@@ -139,6 +184,9 @@ def standby_server(config: CoordinatorConfig, listen: str, standing: Standing) -
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
             servicer.Status, response_serializer=pb.StatusReply.SerializeToString
+        ),
+        "Replicate": grpc.stream_stream_rpc_method_handler(
+            servicer.Replicate, response_serializer=serde.leader_message_bytes
         ),
     }
     service = pb.DESCRIPTOR.services_by_name["Federation"].full_name

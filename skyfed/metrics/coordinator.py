@@ -85,7 +85,42 @@ class CoordinatorCollector(Collector):
             _federation(out, snap, self._rounds)
             for agent in snap.get("agents", ()):
                 _link(out, agent, self._links)
+        _replicas(out, snap.get("replicas"))
         return iter(out)
+
+
+class ReplicaCollector(Collector):
+    """A standby replica's exporter: the replicas' families alone (it holds no round),
+    over ``snapshot()``, the standby's status as plain data."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        out = Families(COORDINATOR)
+        _replicas(out, self._snapshot().get("replicas"))
+        return iter(out)
+
+
+def _replicas(out: Families, replicas: Mapping[str, Any] | None) -> None:
+    """The coordinator replicas (docs/failover.md): the term, who leads, each one's lag,
+    the failovers; nothing with one coordinator."""
+    if not replicas:
+        return
+    if int(replicas.get("term", 0)) > 0:
+        out.add("skyfed_replica_term", int(replicas["term"]))
+    leader = replicas.get("leader", "")
+    for member in replicas.get("members", ()):
+        out.add("skyfed_replica_leader", float(member["name"] == leader), member["name"])
+        if int(member.get("lag", -1)) >= 0:
+            out.add("skyfed_replica_lag_rounds", int(member["lag"]), member["name"])
+    if replicas.get("leading"):
+        out.add("skyfed_replica_alone", float(bool(replicas.get("alone", False))))
+    failovers = list(replicas.get("failovers", ()))
+    for cause in sorted({f["cause"] for f in failovers}):
+        out.add("skyfed_failovers_total", sum(f["cause"] == cause for f in failovers), cause)
+    if failovers:
+        out.add("skyfed_failover_seconds", float(failovers[-1]["duration_s"]))
 
 
 def _federation(out: Families, snap: Snapshot, tally: RoundTally) -> None:

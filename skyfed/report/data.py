@@ -39,6 +39,9 @@ class RunData:
     status: dict[str, Any] | None
     links: dict[str, LinkSeries]
     run: dict[str, Any] | None = None
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    """Each coordinator replica that took over: its first round, ``wall_s``, cause and
+    duration (docs/failover.md)."""
 
     def column(self, key: str) -> list[float]:
         return [float(r.get(key, math.nan)) for r in self.rounds]
@@ -84,8 +87,11 @@ def load(run_dir: Path) -> RunData:
     # A restarted coordinator appends: the latest evaluation of a round wins.
     evals = {int(x["round"]): x for x in lines if x.get("kind") == "eval"}
     ordered = [by_round[k] for k in sorted(by_round)]
+    # A replica that took over (docs/failover.md).
+    failovers = [x for x in lines if x.get("kind") == "failover"]
     status, run = (_json(run_dir / name) for name in (STATUS_FILE, RUN_FILE))
-    return RunData(ordered, [evals[k] for k in sorted(evals)], status, _links(ordered), run)
+    evals_ordered = [evals[k] for k in sorted(evals)]
+    return RunData(ordered, evals_ordered, status, _links(ordered), run, failovers)
 
 
 def _json(path: Path) -> dict[str, Any] | None:

@@ -89,6 +89,8 @@ def _loss(data: RunData) -> plt.Figure:
         ax.plot(x, train, color=PALETTE[0], label="training (mean of contributors)")
         if ev_loss:
             ax.plot(ex, ev_loss, "o-", color=PALETTE[3], ms=3, label="held-out (canonical weights)")
+    _failovers(by_round, [f["round"] - 0.5 for f in data.failovers])
+    _failovers(by_wall, [f.get("wall_s", math.nan) for f in data.failovers])
     by_round.set(xlabel="round", ylabel="loss", title="Loss by round")
     by_wall.set(xlabel="wall time since the coordinator started (s)", title="Loss by wall time")
     by_round.legend(loc="upper right")
@@ -132,11 +134,22 @@ def _time_split(data: RunData) -> plt.Figure:
     if any(math.isfinite(f) for f in floor):
         left, right = [r - width / 2 for r in rounds], [r + width / 2 for r in rounds]
         ax.hlines(floor, left, right, color="black", lw=1.2, label="training + exchange floor")
+    _failovers(ax, [f["round"] - 0.5 for f in data.failovers])
     ax.set(xlabel="round", ylabel="seconds", title="Round time: training and exchange")
     ax.set_ylim(top=ax.get_ylim()[1] * 1.2)  # headroom for the legend over the bars
     ax.legend(loc="upper right", ncol=3)
     fig.tight_layout()
     return fig
+
+
+def _failovers(ax: plt.Axes, xs: list[float]) -> None:
+    """A dashed line where a coordinator replica took over (docs/failover.md), labelled
+    once in the legend."""
+    label = "failover (new leader)"
+    for x in xs:
+        if math.isfinite(x):
+            ax.axvline(x, color=PALETTE[6], ls="--", lw=0.8, label=label)
+            label = "_nolegend_"
 
 
 def _bytes(data: RunData) -> plt.Figure:

@@ -123,6 +123,7 @@ def main() -> None:
         args.out.write_text(json.dumps({**out, "finished": site.finished}))
     if args.layout != "one":
         dist.destroy_process_group()
+        skyfed.exit_rank(0)  # torch's teardown after a multi-process run may abort (SIGABRT)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from skyfed.agent.launch import exit_rank
 from skyfed.agent.ranks import STORE_HOST, init_ranks
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
+from skyfed.procs import exit_rank
 from skyfed.tasks import load_task
 
 

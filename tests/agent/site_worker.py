@@ -18,12 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from skyfed.agent.launch import exit_rank
 from skyfed.agent.ranks import STORE_HOST, init_ranks
 from skyfed.agent.site import Site
 from skyfed.agent.trainer import LocalTrainer
 from skyfed.compression import make_codec
 from skyfed.coordinator.aggregate import RoundAggregate
+from skyfed.procs import exit_rank
 from skyfed.tasks import load_task
 from skyfed.wire import Payload
 

@@ -42,9 +42,15 @@ def test_headline_gives_round_of_planned_and_eta():
 def test_history_lines_carry_per_round_link_bytes(tmp_path):
     history = RunHistory(tmp_path / "rounds.jsonl")
     history.round({"round": 0}, [agent("aws-1", 100)])
-    reported = {"metrics": {"accuracy": 0.5}, "metrics_round": 1}  # with round 1's contribution
-    history.round({"round": 1}, [{**agent("aws-1", 250), **reported}])
-    history.round({"round": 2}, [{**agent("aws-1", 40), **reported}])  # reconnected: from 0
+    # Round 1's contribution carried a metric (taken as the round closed, RoundStats.metrics);
+    # the status shows it still when round 2's line is written, which must not repeat it.
+    reported = {"metrics": {"accuracy": 0.5}, "metrics_round": 1}
+    history.round(
+        {"round": 1, "metrics": {"aws-1": {"accuracy": 0.5}}}, [{**agent("aws-1", 250), **reported}]
+    )
+    history.round(
+        {"round": 2, "metrics": {}}, [{**agent("aws-1", 40), **reported}]
+    )  # reconnected: from 0
     history.eval(EvalResult(2, 1.5, 0.1, {"loss": 1.5, "accuracy": 0.25}), wall_s=9.0)
     lines = read(history.path)
     assert [x["links"]["aws-1"]["bytes_up"] for x in lines[:3]] == [100, 150, 40]

@@ -160,3 +160,17 @@ def test_etcd_runs_non_root_read_only_with_no_capabilities():
         assert ctx["allowPrivilegeEscalation"] is False
         assert ctx["readOnlyRootFilesystem"] is True
         assert ctx["capabilities"]["drop"] == ["ALL"]
+
+
+def test_the_replicas_reach_each_others_grpc_port_and_nothing_else():
+    """A standby replays the leader's rounds over its gRPC port (Replicate)."""
+    (policy,) = [
+        p
+        for p in of_kind(OVERLAY, "NetworkPolicy")
+        if p["metadata"]["name"] == "skyfed-coordinator-replicas"
+    ]
+    coordinator = {"app.kubernetes.io/component": "coordinator"}
+    assert policy["spec"]["podSelector"]["matchLabels"] == coordinator
+    (rule,) = policy["spec"]["ingress"]
+    assert [peer["podSelector"]["matchLabels"] for peer in rule["from"]] == [coordinator]
+    assert rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.failover.etcd_server import EtcdServer
+from skyfed.coordinator.replicas.testing import EtcdServer
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator.replicas.election import Elector, guard_for
 from skyfed.coordinator.replicas.etcd import Etcd, EtcdUnavailable, TlsFiles
 from skyfed.coordinator.replicas.settings import parse_endpoints
-from tests.failover.etcd_server import EtcdServer, Relay, ServerTls
+from skyfed.coordinator.replicas.testing import EtcdServer, Relay, ServerTls
 
 TTL_S = 2
 

@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator.admin import fetch_status
 from skyfed.coordinator.cli import main
+from skyfed.coordinator.replicas.testing import EtcdServer, Relay, free_port
 from skyfed.procs import Children, command
 from skyfed.proto import serde
 from skyfed.status import Status
 from tests.conftest import credentials
-from tests.failover.etcd_server import EtcdServer, Relay, free_port
 
 pytestmark = pytest.mark.multiprocess
 

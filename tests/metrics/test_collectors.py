@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -151,3 +151,36 @@ def test_link_streams_and_floor_ratio_come_from_the_status_of_a_striped_link():
     assert streams == {"aws-1": 4, "gcp-1": 1, "az-1": 2}
     ratios = {k[1][0][1]: v for k, v in got.items() if k[0] == "skyfed_link_exchange_floor_ratio"}
     assert ratios == {"aws-1": 3.0}  # no timed exchange, or no floor (nan): no sample
+
+
+def test_replicas_show_the_term_the_leader_each_lag_and_the_failovers_by_cause():
+    replicas = coordinator_status.ReplicaSet(
+        replica="b",
+        leading=True,
+        term=9,
+        leader="b",
+        members=[
+            coordinator_status.ReplicaInfo("a", "a:7443", "behind", 3, 2),
+            coordinator_status.ReplicaInfo("b", "b:7443", "leader", 5, 0),
+            coordinator_status.ReplicaInfo("c", "c:7443", "standby"),
+        ],
+        failovers=[
+            coordinator_status.Failover(term=6, replica="a", cause="resigned", duration_s=0.4),
+            coordinator_status.Failover(term=9, replica="b", cause="lease expired", duration_s=3.1),
+        ],
+        released=5,
+        alone=False,
+    )
+    snap = {"round": 6, "rounds": [], "agents": [], "replicas": asdict(replicas)}
+    got = scrape(CoordinatorCollector(lambda: snap))
+    assert got[("skyfed_replica_term", ())] == 9
+    assert got[("skyfed_replica_leader", (("replica", "b"),))] == 1
+    assert got[("skyfed_replica_leader", (("replica", "a"),))] == 0
+    assert got[("skyfed_replica_lag_rounds", (("replica", "a"),))] == 2
+    assert ("skyfed_replica_lag_rounds", (("replica", "c"),)) not in got  # not known
+    assert got[("skyfed_failovers_total", (("cause", "lease expired"),))] == 1
+    assert got[("skyfed_failovers_total", (("cause", "resigned"),))] == 1
+    assert got[("skyfed_failover_seconds", ())] == 3.1
+    assert got[("skyfed_replica_alone", ())] == 0
+    one = scrape(CoordinatorCollector(lambda: {"round": 0, "rounds": [], "agents": []}))
+    assert not any(name.startswith(("skyfed_replica", "skyfed_failover")) for name, _ in one)

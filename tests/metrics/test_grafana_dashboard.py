@@ -58,6 +58,14 @@ def full_coordinator_exposition() -> str:
         "refusals": {"ABORTED": 1},
         "checkpoints": 1,
         "checkpoint_s": 0.1,
+        "replicas": {
+            "term": 7,
+            "leader": "a",
+            "leading": True,
+            "alone": False,
+            "members": [{"name": "a", "lag": 0}, {"name": "b", "lag": 1}],
+            "failovers": [{"cause": "lease expired", "duration_s": 3.2}],
+        },
     }
     registry = CollectorRegistry()
     registry.register(CoordinatorCollector(lambda: snap))

@@ -129,6 +129,30 @@ def test_a_restarted_coordinators_lines_replace_the_earlier_ones(tmp_path):
     assert data.rounds[-1]["duration_s"] == 9.0
 
 
+def test_the_report_marks_each_failover_on_its_round_and_wall_time_axes(tmp_path):
+    record_run(tmp_path)
+    history = RunHistory(tmp_path / "rounds.jsonl")
+    history.failover(
+        {"term": 9, "replica": "b", "previous": "a", "cause": "lease expired"}
+        | {"duration_s": 2.1, "round": 5, "lost_rounds": 0, "wall_s": 6.5}
+    )
+    data = load(tmp_path)
+    assert [f["round"] for f in data.failovers] == [5]
+    assert [r["round"] for r in data.rounds] == list(range(8))  # not a round line
+    with plt.rc_context(STYLE):
+        loss, time_split = plots._loss(data), plots._time_split(data)
+    by_round, by_wall = loss.axes
+    marks = {
+        ax: [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+        for ax in (by_round, by_wall, time_split.axes[0])
+    }
+    assert marks == {by_round: [4.5], by_wall: [6.5], time_split.axes[0]: [4.5]}
+    labels = [t.get_text() for t in by_round.get_legend().get_texts()]
+    assert "failover (new leader)" in labels
+    plt.close(loss)
+    plt.close(time_split)
+
+
 def record_coinciding(run_dir, names: list[str], rounds: int = 10) -> None:
     """Links on one codec: the same bytes every round, so their lines coincide."""
     history = RunHistory(run_dir / "rounds.jsonl")

@@ -1,9 +1,13 @@
-"""A real etcd for tests: Debian's ``etcd-server`` on free loopback ports in a temp dir,
-and a TCP relay in front of it that a test can cut, to partition one replica from it."""
+"""A real etcd for tests and the chaos bench (``bench/failover.py``): Debian's
+``etcd-server`` on free loopback ports in a temp dir; a TCP relay that can be cut, to
+partition one replica from etcd or from the agents, and healed; and the ledger of what an
+agent's log says it applied, which both check failovers by."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import re
 import shutil
 import socket
 import subprocess
@@ -98,8 +102,9 @@ class EtcdServer:
 
 
 class Relay:
-    """A TCP relay to ``port``: what a replica sees as its etcd. ``cut()`` drops every
-    connection and black-holes new ones (accepted, never answered), as a partition does."""
+    """A TCP relay to ``port`` (a replica's etcd, or a replica's port as agents and the
+    other replicas reach it). ``cut()`` drops every connection and black-holes new ones
+    (accepted, never answered), as a partition does; ``heal()`` relays new ones again."""
 
     def __init__(self, port: int) -> None:
         self.target = port
@@ -119,6 +124,9 @@ class Relay:
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
             self._sockets.clear()
+
+    def heal(self) -> None:
+        self._cut.clear()
 
     def close(self) -> None:
         self.cut()
@@ -152,3 +160,36 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
     for s in (source, sink):
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
+
+
+APPLIED = re.compile(r"\[Agent\.Phase\] round=(\d+) applied")
+LOADED = re.compile(r"\[Agent\.Sync\] weights of round (-?\d+) loaded")
+DIGESTED = re.compile(r"\[Agent\.Phase\] round=(\d+) digested .*digest=(\S+)")
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What one agent's log (at DEBUG) says it applied."""
+
+    lost: int
+    """Rounds it had applied and lost: it loaded weights older than a round it held."""
+    twice: int
+    """Rounds it applied a second time."""
+    digests: dict[int, str]
+    """Each round it verified, with the digest it verified (16 characters)."""
+
+
+def agent_ledger(log: str) -> Ledger:
+    held, lost = -1, 0
+    applied: collections.Counter[int] = collections.Counter()
+    digests = {}
+    for line in log.splitlines():
+        if m := APPLIED.search(line):
+            applied[int(m.group(1))] += 1
+            held = int(m.group(1))
+        elif m := LOADED.search(line):
+            lost += max(0, held - int(m.group(1)))
+            held = int(m.group(1))
+        elif m := DIGESTED.search(line):
+            digests[int(m.group(1))] = m.group(2)
+    return Ledger(lost, sum(n - 1 for n in applied.values()), digests)
