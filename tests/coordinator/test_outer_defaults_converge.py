@@ -1,8 +1,7 @@
 """The outer step's defaults converge on a short run of each task and of the Llama example,
 on the far-link recipe (long local phases, EC-SGD as the policy gives them) and with
-overlap, through the
-product's own round (``skyfed/simulate.py``) under the rules a coordinator's default
-configuration sets. What they cost against data-parallel is the bench's
+overlap, through the product's own round (``skyfed/simulate.py``) under the rules a
+coordinator's default configuration sets. What they cost against data-parallel is the bench's
 (``bench/convergence.py --to-target``); here only that the held-out loss falls."""
 
 from __future__ import annotations
