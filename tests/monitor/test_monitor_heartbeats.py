@@ -115,6 +115,8 @@ def test_agent_heartbeats_are_not_held_behind_a_gradient_upload(pki, slow_reader
     assert "heartbeat" in kinds, "no heartbeat arrived during the upload"
     chunks_before_first_beat = kinds[: kinds.index("heartbeat")].count("chunk")
     # What gRPC and the socket already hold when the first heartbeat is queued still goes
-    # first (a few MB on loopback); the rest of the upload does not.
-    assert chunks_before_first_beat <= CHUNKS // 2, kinds
+    # first (a few MB on loopback), and on a loaded host the heartbeat thread may wake a
+    # few reads late (22 of 40 seen at a load of 8 on 2 cores); queued in order it would
+    # come after all 40.
+    assert chunks_before_first_beat <= 3 * CHUNKS // 4, kinds
     assert kinds.count("heartbeat") >= 5, kinds
