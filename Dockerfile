@@ -15,14 +15,17 @@ RUN apt-get update \
     && setcap cap_net_admin+ep /opt/netadmin/tc \
     && rm -rf /var/lib/apt/lists/*
 
-# A CPU build of torch keeps the image small; pass --build-arg TORCH_SPEC=... (and
-# PIP_INDEX_URL/PIP_EXTRA_INDEX_URL) to pick another build.
-ARG TORCH_SPEC="torch>=2.4"
-RUN pip install --no-cache-dir "${TORCH_SPEC}"
-
+# The versions CI passed with (constraints.txt, written by .ci/lock). A CPU build of
+# torch keeps the image small: pass --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (or another index) to pick the build of the pinned version.
+ARG TORCH_INDEX=""
 WORKDIR /src
+COPY constraints.txt .
+RUN pip install --no-cache-dir ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} \
+    "torch==$(sed -n 's/^torch==//p' constraints.txt)"
+
 COPY . .
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir -c constraints.txt .
 
 # The volumes' mount points, owned by the user: a new named volume takes their owner.
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin skyfed \

@@ -60,7 +60,9 @@ class GpuWatch:
             return "the site trains on CPU"
         try:
             if nvml is None:
-                import pynvml as nvml
+                import pynvml
+
+                nvml = pynvml
             nvml.nvmlInit()
             self._handle = _handle_of(nvml, device)
         except Exception as exc:  # no package, no library, no driver: no telemetry
@@ -116,7 +118,8 @@ def _handle_of(nvml: Any, device: torch.device) -> Any:
     if uuid is not None:
         text = str(uuid)
         return nvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
-    bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    pci: Any = props  # the PCI fields are missing from torch's stubs
+    bus = f"{pci.pci_domain_id:08x}:{pci.pci_bus_id:02x}:{pci.pci_device_id:02x}.0"
     return nvml.nvmlDeviceGetHandleByPciBusId_v2(bus)
 
 
@@ -158,6 +161,28 @@ class GpuBoard:
             )
         elif r.temperature_c <= self.warn_c - REARM_C:
             self._hot.discard(r.rank)
+
+    def summary(self) -> dict[str, float]:
+        """The site's GPUs in four named metrics, which ride on its contributions to the
+        coordinator's status, metrics, ``rounds.jsonl`` and run report like a script's own
+        (docs/sites.md): mean utilisation and the fullest memory in percent, the hottest
+        GPU in C, the site's power in W. Empty without readings (a CPU site)."""
+        got = list(self.readings.values())
+        if not got:
+            return {}
+        return {
+            "gpu_util_pct": 100.0 * sum(r.utilization for r in got) / len(got),
+            "gpu_memory_pct": max(
+                (
+                    100.0 * r.memory_used_bytes / r.memory_total_bytes
+                    for r in got
+                    if r.memory_total_bytes
+                ),
+                default=0.0,
+            ),
+            "gpu_temperature_c": max(r.temperature_c for r in got),
+            "gpu_power_w": sum(r.power_w for r in got),
+        }
 
     def as_list(self) -> list[dict[str, Any]]:
         """The latest readings as plain data, by rank (the exporter's and the report's)."""

@@ -54,7 +54,9 @@ class RunHistory:
         """Append one closed round with the links' state as ``agents`` show it now, and
         their efficiencies in it that are known (``record["links"]``)."""
         timed = record.get("links", [])
-        links = {a["name"]: self._link(a, int(record["round"])) for a in agents}
+        record = dict(record)
+        reported: dict[str, dict[str, float]] = record.pop("metrics", {})
+        links = {a["name"]: self._link(a, reported.get(a["name"])) for a in agents}
         line = _with_efficiency({"kind": "round", **record, "links": links}, timed)
         with self._lock:
             self._lines[int(record["round"])] = line
@@ -102,10 +104,11 @@ class RunHistory:
     def close(self) -> None:
         """Every line is flushed as written; nothing to do."""
 
-    def _link(self, agent: dict[str, Any], round_: int) -> dict[str, Any]:
+    def _link(self, agent: dict[str, Any], metrics: dict[str, float] | None) -> dict[str, Any]:
+        """``metrics``: what the agent's contribution to the round carried (None: nothing)."""
         link = {k: agent[k] for k in LINK_FIELDS if k in agent}
-        if agent.get("metrics") and agent.get("metrics_round") == round_:
-            link["metrics"] = dict(agent["metrics"])
+        if metrics:
+            link["metrics"] = dict(metrics)
         for key in COUNTERS:
             total = int(agent.get(key, 0))
             last = self._totals.get((agent["name"], key), 0)

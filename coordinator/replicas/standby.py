@@ -18,21 +18,25 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from skyfed.coordinator.calls import CallGuard
 from skyfed.coordinator.config import CoordinatorConfig
+from skyfed.coordinator.limits import CallLimits, calls_allowed
 from skyfed.coordinator.replicas.election import Elector
 from skyfed.coordinator.replicas.followers import Followers
 from skyfed.coordinator.replicas.record import Record
 from skyfed.coordinator.replicas.replay import Replay
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
-from skyfed.coordinator.status import ReplicaInfo, ReplicaSet, Status
+from skyfed.coordinator.server import ENVELOPE_BYTES
 from skyfed.coordinator.status_codes import abort
 from skyfed.errors import FederationError, NotLeaderError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
+from skyfed.status import ReplicaInfo, ReplicaSet, Status
 
 log = logging.getLogger(__name__)
 
-WORKERS = 8
+WORKERS = 32
+"""Calls a standby serves at once (its gRPC workers, less a few spare)."""
 
 
 class Standing:
@@ -162,13 +166,33 @@ class StandbyServicer:
 def standby_server(config: CoordinatorConfig, listen: str, standing: Standing) -> Iterator[int]:
     """The standby's gRPC port on ``listen`` (mTLS, as the leader's), until the block
     exits; yields the bound port."""
-    assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
-    creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="standby"),
-        options=[("grpc.so_reuseport", 0)],
+    transport = config.transport
+    assert transport.cert and transport.key and transport.ca  # checked by CoordinatorConfig
+    creds = RotatingServerCredentials(transport.cert, transport.key, transport.ca).credentials()
+    auth = PeerAuthenticator(transport.crl, transport.ca)
+    # The leader's guard and bounds: every call identified and counted per identity, its
+    # first message owed within hello_timeout_s, so one certificate's silent calls cannot
+    # hold the standby's workers (and its answer naming the leader) from everyone else.
+    per_identity = calls_allowed(
+        transport.max_streams_per_identity, config.streams.max_streams, WORKERS
     )
-    servicer = StandbyServicer(standing, PeerAuthenticator(config.crl, config.ca))
+    guard = CallGuard(
+        auth,
+        CallLimits(per_identity, sessions=transport.max_streams_per_identity),
+        transport.hello_timeout_s,
+    )
+    limit = transport.max_chunk_bytes + ENVELOPE_BYTES
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=WORKERS + 4, thread_name_prefix="standby"),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=WORKERS,
+        interceptors=[guard],
+    )
+    servicer = StandbyServicer(standing, auth)
     handlers = {
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session, response_serializer=serde.coordinator_message_bytes

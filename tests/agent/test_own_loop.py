@@ -259,3 +259,61 @@ def test_metrics_a_script_reports_are_held_to_the_wires_rules(serve, pki):
         with pytest.raises(ValueError, match="at most 16"):
             site.report({f"m{i}": 1.0 for i in range(17)})
         site.report({"accuracy": torch.tensor(0.75)})  # a one-element tensor is a number
+
+
+def test_a_sites_gpu_summary_rides_on_its_contributions_beside_the_scripts_metrics(
+    serve, pki, tmp_path
+):
+    """GPU telemetry reaches the coordinator's status, rounds.jsonl and the run report as
+    the site's named metrics; a script's own metric reported once stays beside it. The
+    readings are set on the site's board (this host has no GPU; NVML itself is read on a
+    lent GPU by scripts/gpu_check.py)."""
+    from skyfed.agent.gpus import GpuReading
+
+    run_dir = tmp_path / "run"
+    running = serve(task=TASK, rounds=3, run_dir=run_dir)
+    model, optimizer = mlp()
+    hot = GpuReading(0, "node-a", 0, "NVIDIA H100", 0.5, 20 << 30, 80 << 30, 71.0, 400.0)
+    with skyfed.Site(model, optimizer, cloud="aws", certs=pki.directory,
+                     coordinator=f"localhost:{running.port}", local_steps=2) as site:  # fmt: skip
+        site._site.gpus.update([hot], "")
+        site.report({"accuracy": 0.5})
+        train(site, model, optimizer, steps=100)
+    aws = next(a for a in running.federation.status(departed=True).agents if a.name == "aws-1")
+    assert aws.metrics == {
+        "accuracy": 0.5,
+        "gpu_util_pct": 50.0,
+        "gpu_memory_pct": 25.0,
+        "gpu_temperature_c": 71.0,
+        "gpu_power_w": 400.0,
+    }
+
+    def carried() -> list[dict]:
+        text = (run_dir / "rounds.jsonl").read_text().splitlines()
+        return [
+            x["links"]["aws-1"]["metrics"] for x in map(json.loads, text) if x["kind"] == "round"
+        ]
+
+    wait_until(lambda: len(carried()) == 3, 10, "three round lines")  # written as rounds close
+    assert all(m["gpu_temperature_c"] == 71.0 for m in carried())
+    assert "aws-1 gpu_temperature_c" in make_report(run_dir).read_text()
+
+
+def test_a_sites_gpu_summary_gives_way_to_the_scripts_own_metrics():
+    from skyfed.agent.gpus import GpuBoard, GpuReading
+    from skyfed.coordinator.inbound import latest_metrics
+    from skyfed.wire import MAX_METRICS
+
+    board = GpuBoard()
+    assert board.summary() == {}  # a CPU site sends none
+    board.update([GpuReading(r, "n", r, "g", 0.25 * r, 1, 4, 60.0 + r, 300.0) for r in (1, 3)], "")
+    assert board.summary() == {
+        "gpu_util_pct": 50.0,
+        "gpu_memory_pct": 25.0,
+        "gpu_temperature_c": 63.0,
+        "gpu_power_w": 600.0,
+    }
+    full = {f"m{i}": float(i) for i in range(MAX_METRICS)}
+    held = latest_metrics(board.summary(), full)
+    assert held == full  # a full report of the script's own leaves no room
+    assert latest_metrics(held, {"m0": 9.0})["m0"] == 9.0

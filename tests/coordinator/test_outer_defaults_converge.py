@@ -1,7 +1,7 @@
-"""The outer step's defaults converge on a short run of each task, on the far-link recipe
-(long local phases, EC-SGD as the policy gives them) and with overlap, through the
-product's own round (``skyfed/simulate.py``) under the rules a coordinator's default
-configuration sets. What they cost against data-parallel is the bench's
+"""The outer step's defaults converge on a short run of each task and of the Llama example,
+on the far-link recipe (long local phases, EC-SGD as the policy gives them) and with
+overlap, through the product's own round (``skyfed/simulate.py``) under the rules a
+coordinator's default configuration sets. What they cost against data-parallel is the bench's
 (``bench/convergence.py --to-target``); here only that the held-out loss falls."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from skyfed.simulate import Simulation, sharded
 
 CHARGPT = "chargpt?n_layer=1&d_model=32&n_head=2&block=32&batch=8&eval_batches=4"
 DIGITS = "skyfed.tasks.examples:digits"
+LLAMA = "skyfed.tasks.llama:llama"
+"""The config-built Hugging Face Llama example (docs/bring-your-own-model.md)."""
 MARGIN = 0.4
 """The held-out loss after the run is at least this fraction below its start."""
 
@@ -31,13 +33,14 @@ def one_thread():
 
 def config(**options: object) -> CoordinatorConfig:
     """A coordinator's configuration at its defaults (no certificates are read here)."""
-    return CoordinatorConfig(ca=Path("ca.crt"), cert=Path("c.crt"), key=Path("c.key"), **options)
+    paths = {"ca": Path("ca.crt"), "cert": Path("c.crt"), "key": Path("c.key")}
+    return CoordinatorConfig.from_flat(**paths, **options)
 
 
 @pytest.mark.parametrize(
     ("task", "local_steps", "rounds"),
-    [(CHARGPT, 64, 3), (DIGITS, 128, 3)],
-    ids=["chargpt", "digits"],
+    [(CHARGPT, 64, 3), (DIGITS, 128, 3), (LLAMA, 64, 3)],
+    ids=["chargpt", "digits", "llama"],
 )
 @pytest.mark.parametrize("overlap", [False, True], ids=["fedavg", "overlap"])
 def test_the_outer_defaults_converge_on_the_far_link_recipe(task, local_steps, rounds, overlap):

@@ -6,14 +6,13 @@ import dataclasses
 import json
 
 from skyfed.coordinator.config import CoordinatorConfig
-from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.history import RunHistory, read, rounds
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.progress import headline
 from skyfed.coordinator.server import build_federation
 from skyfed.coordinator.snapshot import waiting_for
-from skyfed.coordinator.status import RoundStats
+from skyfed.status import Efficiency, RoundStats
 
 
 def snap(**fields) -> dict:
@@ -43,9 +42,15 @@ def test_headline_gives_round_of_planned_and_eta():
 def test_history_lines_carry_per_round_link_bytes(tmp_path):
     history = RunHistory(tmp_path / "rounds.jsonl")
     history.round({"round": 0}, [agent("aws-1", 100)])
-    reported = {"metrics": {"accuracy": 0.5}, "metrics_round": 1}  # with round 1's contribution
-    history.round({"round": 1}, [{**agent("aws-1", 250), **reported}])
-    history.round({"round": 2}, [{**agent("aws-1", 40), **reported}])  # reconnected: from 0
+    # Round 1's contribution carried a metric (taken as the round closed, RoundStats.metrics);
+    # the status shows it still when round 2's line is written, which must not repeat it.
+    reported = {"metrics": {"accuracy": 0.5}, "metrics_round": 1}
+    history.round(
+        {"round": 1, "metrics": {"aws-1": {"accuracy": 0.5}}}, [{**agent("aws-1", 250), **reported}]
+    )
+    history.round(
+        {"round": 2, "metrics": {}}, [{**agent("aws-1", 40), **reported}]
+    )  # reconnected: from 0
     history.eval(EvalResult(2, 1.5, 0.1, {"loss": 1.5, "accuracy": 0.25}), wall_s=9.0)
     lines = read(history.path)
     assert [x["links"]["aws-1"]["bytes_up"] for x in lines[:3]] == [100, 150, 40]
@@ -104,7 +109,7 @@ def test_a_rounds_links_timed_later_come_as_a_timing_line_folded_into_it(tmp_pat
 def test_rounds_jsonl_holds_one_line_per_closed_round(tmp_path, pki):
     """Links timed after their round's line add a timing line, never the round again, so
     summing the round lines' bytes counts every byte once."""
-    config = CoordinatorConfig(certs=pki.directory, run_dir=tmp_path, eval_every=0)
+    config = CoordinatorConfig.from_flat(certs=pki.directory, run_dir=tmp_path, eval_every=0)
     federation = build_federation(config)
     observer = Observer(federation, config)
     for r in range(3):

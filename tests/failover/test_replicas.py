@@ -20,10 +20,13 @@ from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator.admin import fetch_status
 from skyfed.coordinator.cli import main
 from skyfed.coordinator.replicas.testing import EtcdServer, Relay, free_port
-from skyfed.coordinator.status import Status
 from skyfed.procs import Children, command
+from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
+from skyfed.status import Status
 from tests.conftest import credentials
+from tests.coordinator.test_bad_input import hello
+from tests.coordinator.test_call_limits import SilentCalls
 
 pytestmark = pytest.mark.multiprocess
 
@@ -149,7 +152,9 @@ def test_a_standby_answers_a_session_with_the_leaders_address(replicas: Replicas
         replicas.address("b"), credentials(replicas.pki.directory, "aws-1")
     )
     with channel:
-        call = serde.agent_stream(channel, "Session")(iter(()))
+        call = serde.agent_stream(channel, "Session")(
+            iter([pb.AgentMessage(hello=hello("aws", "aws-1"))])
+        )
         with pytest.raises(grpc.RpcError) as refused:
             next(call)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -159,6 +164,27 @@ def test_a_standby_answers_a_session_with_the_leaders_address(replicas: Replicas
     s = replicas.status("b")
     assert s is not None and s.replicas is not None and not s.replicas.leading
     assert s.agents == [] and s.rounds == []
+
+
+def test_a_standby_bounds_each_identitys_calls_as_the_leader_does(replicas: Replicas):
+    """A standby guards its calls as the leader does (``CallGuard``): counted per identity
+    from the moment they open, each owing its first message, so one certificate's silent
+    calls cannot take its workers; another agent is still told where the leader is."""
+    address, certs = replicas.address("b"), replicas.pki.directory
+    with grpc.secure_channel(address, credentials(certs, "coordinator-c")) as hog_channel:
+        hog = SilentCalls(hog_channel, "/skyfed.v1.Federation/Replicate")
+        try:
+            hog.open(40)  # more than the standby serves at once
+            refused = hog.wait_ended(30, timeout_s=10)  # past its share, at once
+            assert {c.code() for c in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+            with grpc.secure_channel(address, credentials(certs, "aws-1")) as channel:
+                first = iter([pb.AgentMessage(hello=hello("aws", "aws-1"))])
+                with pytest.raises(grpc.RpcError) as answered:
+                    next(serde.agent_stream(channel, "Session")(first, timeout=10))
+            assert answered.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "the leader is a" in answered.value.details()
+        finally:
+            hog.close()
 
 
 def test_agents_find_the_leader_and_follow_it_after_a_kill(replicas: Replicas):

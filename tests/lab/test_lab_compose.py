@@ -214,3 +214,9 @@ def test_the_lab_reads_the_same_topology_from_the_compose_file(doc: dict[str, An
 def test_validation_catches_an_option_the_command_does_not_have() -> None:
     with pytest.raises(click.UsageError):
         validate_argv(["agent", "start", "--cloud", "aws", "--no-such-option", "1"])
+
+
+def test_the_image_installs_the_versions_ci_passed_with():
+    text = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir -c constraints.txt ." in text
+    assert "sed -n 's/^torch==//p' constraints.txt" in text  # torch pinned as CI ran it
