@@ -29,8 +29,8 @@ proto:
 # The generated references: configuration (the config dataclasses' field docstrings),
 # metrics (the catalog), the CLI (the click commands), measured results (bench/results/).
 docs:
-	python -m skyfed.configref
-	python -m skyfed.cliref
+	python -m skyfed.config.reference
+	python -m skyfed.config.cliref
 	python -m skyfed.metrics.reference
 	python bench/results_index.py
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
-from skyfed.agent.placement import LAUNCHERS
-from skyfed.validate import require
+from skyfed.agent.placement import Launcher
+from skyfed.config.checks import check_types, require
 from skyfed.wire import MAX_LOCAL_STEPS
 
-DEVICES = ("auto", "cpu", "cuda")
-DP_MODES = ("auto", "fsdp", "hsdp", "ddp")
+Device = Literal["auto", "cpu", "cuda"]
+"""Where a site's ranks train."""
+DpMode = Literal["auto", "fsdp", "hsdp", "ddp"]
 """How a site's data-parallel replicas keep one model (``skyfed.agent.parallelize``)."""
+DP_MODES: tuple[str, ...] = get_args(DpMode)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,7 +65,7 @@ class AgentConfig:
     trains on its ``1/dp`` slice of every batch, so the task's batch must divide by it."""
     tp: int = 1
     """Tensor-parallel ranks of each replica, one process each (see ``skyfed.agent.ranks``)."""
-    dp_mode: str = "auto"
+    dp_mode: DpMode = "auto"
     """How the replicas keep one model: ``fsdp`` (FSDP2: parameters, gradients and
     optimizer state sharded over the replicas), ``hsdp`` (FSDP2 sharded within groups of
     ``dp_shard`` replicas, a node's, and replicated across them), ``ddp`` (whole replicas,
@@ -71,11 +74,11 @@ class AgentConfig:
     dp_shard: int = 0
     """``hsdp``: the replicas of one shard group (0: those on one node, from the launcher;
     all of them when this command spawns the ranks). Must divide ``dp``."""
-    device: str = "auto"
+    device: Device = "auto"
     """Where the ranks train: ``cpu`` (Gloo), ``cuda`` (NCCL, rank r on ``cuda:r``; under a
     launcher, the GPU of the local rank) or
     ``auto`` (``cuda`` when there is a GPU for every rank, else ``cpu``)."""
-    launcher: str = "auto"
+    launcher: Launcher = "auto"
     """Who starts the site's ranks: ``spawn`` (this command starts ``dp x tp`` rank
     processes), ``slurm`` (each ``srun`` task is one rank), ``torchrun`` (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``...), or ``auto``: ``slurm`` inside an ``srun`` step,
@@ -121,6 +124,7 @@ class AgentConfig:
         return [a.strip() for a in self.coordinator.split(",") if a.strip()]
 
     def __post_init__(self) -> None:
+        check_types(self, "agent")
         if not self.name:
             self.name = f"{self.cloud}-1"
         checks = [
@@ -128,7 +132,6 @@ class AgentConfig:
             (self.rounds >= 0, "rounds", ">= 0"),
             (self.tp >= 1, "tp", ">= 1"),
             (self.dp >= 0, "dp", ">= 0 (0: from the launcher)"),
-            (self.dp_mode in DP_MODES, "dp_mode", " or ".join(DP_MODES)),
             (self.dp_shard >= 0, "dp_shard", ">= 0 (0: a node's replicas)"),
             (self.gpu_every_steps >= 0, "gpu_every_steps", ">= 0"),
             (0 < self.gpu_warn_c < 200, "gpu_warn_c", "in (0, 200) degrees C"),
@@ -139,16 +142,15 @@ class AgentConfig:
             (all(":" in a for a in self.coordinators), "coordinator", "HOST:PORT[,HOST:PORT...]"),
             (self.threads >= 1, "threads", ">= 1"),
             (1 <= self.max_streams <= 64, "max_streams", "in 1..64"),
-            (self.device in DEVICES, "device", " or ".join(DEVICES)),
-            (self.launcher in LAUNCHERS, "launcher", " or ".join(LAUNCHERS)),
             (self.give_up_after_s >= 0, "give_up_after_s", ">= 0"),
         ]
         for ok, field, what in checks:
             require("agent", ok, field, getattr(self, field), what)
         if self.metrics_listen:
-            from skyfed.metrics.http import parse_listen
+            from skyfed.metrics.http import listen_problem  # its server's packages: when used
 
-            parse_listen(self.metrics_listen, public=self.metrics_public)
+            problem = listen_problem(self.metrics_listen, public=self.metrics_public)
+            require("agent", not problem, "metrics_listen", self.metrics_listen, problem)
         if self.certs is not None:
             self.ca = self.ca or self.certs / "ca.crt"
             self.cert = self.cert or self.certs / f"{self.name}.crt"

@@ -347,6 +347,7 @@ def _restore(
         and grad.dtype == local.dtype
         and grad.is_contiguous()
     )
+    delta: torch.Tensor | None
     if fits:
         assert grad is not None
         delta = torch.sub(start, local, out=grad)

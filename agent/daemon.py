@@ -25,9 +25,9 @@ from skyfed.fingerprint import DIGEST_PREFIX, is_weights_digest
 from skyfed.logs import Phases
 from skyfed.netinfo import congestion_control, target_host
 from skyfed.proto.chunks import DEFAULT_MAX_CHUNK_BYTES, Assembler, cut
-from skyfed.validate import MAX_METRICS, metrics_problem
 from skyfed.wire import (
     EXCHANGES,
+    MAX_METRICS,
     Announce,
     Chunk,
     ChunkKind,
@@ -40,6 +40,7 @@ from skyfed.wire import (
     WeightsEnd,
     Welcome,
     max_payload_bytes,
+    metrics_problem,
     raw_bytes,
 )
 
@@ -169,7 +170,7 @@ class Agent:
     def report(self, metrics: dict[str, float]) -> None:
         """Named metrics of the site's own (a script's evaluation): the next contribution
         carries them to the coordinator. ``ValueError`` for what the wire would refuse
-        (``skyfed.validate.metrics_problem``)."""
+        (``skyfed.wire.metrics_problem``)."""
         metrics = {name: float(value) for name, value in metrics.items()}
         problem = metrics_problem(metrics)
         if problem is not None:
@@ -316,10 +317,10 @@ class Agent:
         datas: dict[int, bytes] = {}
         while True:
             message = self._expect(link, (Chunk, WeightsEnd), WELCOME_TIMEOUT_S)
+            assert isinstance(message, Chunk | WeightsEnd)
             self._fenced(message.term, "weights")
             if isinstance(message, WeightsEnd):
                 break
-            assert isinstance(message, Chunk)
             if assembler.round is None:
                 assembler.round = message.round
             payload = assembler.add(message)

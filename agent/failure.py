@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from skyfed import validate
+from skyfed import wire
 from skyfed.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def one_line(exc: BaseException) -> str:
 
 def printable(text: str) -> str:
     """``text`` as one bounded line of printable characters (what the wire accepts)."""
-    clean = validate.printable(text)
+    clean = wire.printable(text)
     return clean if len(clean) <= MAX_REASON else clean[: MAX_REASON - 3] + "..."
 
 

@@ -60,7 +60,9 @@ class GpuWatch:
             return "the site trains on CPU"
         try:
             if nvml is None:
-                import pynvml as nvml
+                import pynvml
+
+                nvml = pynvml
             nvml.nvmlInit()
             self._handle = _handle_of(nvml, device)
         except Exception as exc:  # no package, no library, no driver: no telemetry
@@ -116,7 +118,8 @@ def _handle_of(nvml: Any, device: torch.device) -> Any:
     if uuid is not None:
         text = str(uuid)
         return nvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
-    bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    pci: Any = props  # the PCI fields are missing from torch's stubs
+    bus = f"{pci.pci_domain_id:08x}:{pci.pci_bus_id:02x}:{pci.pci_device_id:02x}.0"
     return nvml.nvmlDeviceGetHandleByPciBusId_v2(bus)
 
 

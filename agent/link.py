@@ -23,7 +23,6 @@ from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
-from skyfed.validate import printable
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -35,6 +34,7 @@ from skyfed.wire import (
     Receipt,
     RoundEnd,
     Welcome,
+    printable,
 )
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def open_channel(
     ``own_connection``: on a TCP connection of its own, even next to another channel to
     the same target with the same arguments (gRPC shares one between such channels by
     default): a stripe of a session."""
-    options = [
+    options: list[tuple[str, str | int]] = [
         ("grpc.max_receive_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.max_send_message_length", MAX_CHUNK_BYTES + ENVELOPE_BYTES),
         ("grpc.keepalive_time_ms", 20_000),

@@ -11,6 +11,7 @@ rank owns and encodes (docs/sites.md).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -323,7 +324,7 @@ class Layout:
 
 
 def layout_of(
-    params: list[tuple[str, torch.Tensor]],
+    params: Sequence[tuple[str, torch.Tensor]],
     site_rank: int,
     site_mesh: DeviceMesh | None = None,
     spec: list[TensorInfo] | None = None,

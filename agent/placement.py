@@ -20,8 +20,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-LAUNCHERS = ("auto", "spawn", "slurm", "torchrun")
+Launcher = Literal["auto", "spawn", "slurm", "torchrun"]
+"""Who starts a site's ranks (``agent start --launcher``)."""
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 SLURM_PORT_BASE = 29500
 SLURM_PORT_SPAN = 10000  # ports SLURM_PORT_BASE .. +SPAN-1, by job id
 

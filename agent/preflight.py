@@ -45,6 +45,7 @@ def check_certificates(config: AgentConfig) -> None:
 
 def check_key_pair(config: AgentConfig) -> None:
     """The private key must be the certificate's: else every handshake fails."""
+    assert config.cert is not None and config.key is not None  # resolved on construction
     try:
         cert = x509.load_pem_x509_certificate(config.cert.read_bytes())
         key = serialization.load_pem_private_key(config.key.read_bytes(), password=None)

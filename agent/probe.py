@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from skyfed.probe_packet import ECHO, PACKET_BYTES, PROBE, Packet, pack, unpack
+from skyfed.proto.probe_packet import ECHO, PACKET_BYTES, PROBE, Packet, pack, unpack
 
 log = logging.getLogger(__name__)
 

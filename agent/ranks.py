@@ -213,7 +213,7 @@ def start_ranks(
 
     store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
-    procs = []
+    procs: list[BaseProcess] = []
     for rank in range(config.ranks):
         spec = RankSpec(config, rank, device_type, store.port, os.getpid(), log_level)
         procs.append(ctx.Process(target=rank_main, args=(spec,), name=f"rank{rank}"))

@@ -36,7 +36,7 @@ from skyfed.agent.core import Steps, TrainerCore
 from skyfed.agent.handoff import Handoff, Stopped
 from skyfed.agent.parallelize import HSDP_DIMS, local_tensor
 from skyfed.agent.site import RankGroup, Site
-from skyfed.validate import metrics_problem
+from skyfed.wire import metrics_problem
 
 log = logging.getLogger(__name__)
 

@@ -245,6 +245,7 @@ class Site:
         the state directory; None for a plain stop (a SIGTERM with no failure behind it)."""
         store = getattr(self.group, "store", None)
         dp, tp = self.layout
+        reason: str | None
         if isinstance(exc, Stopped) and exc.reason is not None:
             reason = f"{failure.where(0, dp, tp)}: its script failed: {exc.reason}"
             failure.report(store, 0, reason)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import Message
 
 from skyfed.netinfo import log_send_buffering
 from skyfed.proto import federation_pb2 as pb
@@ -139,7 +140,7 @@ class Stripes:
         self._connecting[lane.index] = grpc.channel_ready_future(channel)
         reader.start()
 
-    def _requests(self, lane: StripeLane) -> Iterator[pb.AgentMessage]:
+    def _requests(self, lane: StripeLane) -> Iterator[Message | serde.Serialized]:
         yield pb.AgentMessage(stripe_join=pb.StripeJoin(token=self.token))
         yield from lane
 

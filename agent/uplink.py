@@ -52,7 +52,7 @@ class Uplink:
         owned = {
             key: i
             for i, (key, d) in enumerate(zip(self.keys, delta, strict=True))
-            if d is not None and (self.shards[i] is None or self.shards[i][2] > 0)
+            if d is not None and ((shard := self.shards[i]) is None or shard[2] > 0)
         }
 
         def tensors() -> Iterator[tuple[str, torch.Tensor]]:

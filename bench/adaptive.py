@@ -215,7 +215,7 @@ def _federation_spec(
 ) -> FederationSpec:
     policy = f'mode = "{_policy(codec, args)}"\n' + "".join(f"{kv}\n" for kv in args.set_policy)
     (workdir / "coordinator.toml").write_text(
-        f'task = "{args.task}"\nseed = {seed}\nexchange = "{args.exchange}"\n'
+        f'task = "{args.task}"\nseed = {seed}\n[rounds]\nexchange = "{args.exchange}"\n'
         f"[monitor]\nwindow_s = 1.0\n[policy]\n{policy}"
     )
     (workdir / "agent.toml").write_text(

@@ -42,9 +42,9 @@ from results_file import record  # bench/results_file.py, beside this script
 from skyfed.certs.testing import make_federation
 from skyfed.coordinator.admin import fetch_status
 from skyfed.coordinator.replicas.testing import EtcdServer, Relay, agent_ledger, free_port
-from skyfed.coordinator.status import Status
 from skyfed.failpoints import ENV_FILE, FAILOVER_PHASES
 from skyfed.procs import Children, command
+from skyfed.status import Status
 
 NAMES = ("a", "b", "c")
 CLOUDS = ("aws", "gcp", "azure")

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfed.files import regenerate
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 OUTPUT = ROOT / "docs" / "results.md"
@@ -124,15 +126,7 @@ def _entry(run: Run) -> str:
 
 
 def main(argv: list[str]) -> int:
-    fresh = render(find_runs())
-    if "--check" in argv:
-        if OUTPUT.read_text() != fresh:
-            print(f"{OUTPUT} is stale: run python bench/results_index.py", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(fresh)
-    print(OUTPUT)
-    return 0
+    return regenerate(OUTPUT, render(find_runs()), "python bench/results_index.py", argv)
 
 
 if __name__ == "__main__":

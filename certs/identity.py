@@ -159,12 +159,3 @@ def trust_domain_of_ca(cert: x509.Certificate) -> str:
     if len(uris) != 1:
         raise IdentityError("the CA certificate names no spiffe://<trust-domain> URI")
     return validate_trust_domain(uris[0][len(SCHEME) :].rstrip("/"))
-
-
-def identity_of_pem(pem: bytes) -> Identity:
-    """The identity of the first certificate in a PEM blob."""
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-    except ValueError as e:
-        raise IdentityError(f"not a PEM certificate: {e}") from None
-    return identity_of_certificate(cert)

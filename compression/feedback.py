@@ -147,14 +147,6 @@ class ErrorFeedback:
         previous = self.residuals.get(key)
         self.residuals[key] = x if previous is None else previous + x
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Copies of the residuals (a checkpoint must not change as training goes on)."""
-        return {k: v.clone() for k, v in self.residuals.items()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace every residual by a copy of ``state``'s."""
-        self.residuals = {k: v.clone() for k, v in state.items()}
-
 
 def _summable(e: torch.Tensor, g: torch.Tensor) -> bool:
     """Whether ``e += g`` can be left to the codec's pass: both contiguous float32 of one

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,14 +73,13 @@ class PayloadBuffer:
     Fresh memory costs a page fault per 4 KiB on first touch: for a 32 MB FP16 payload
     that is more than the conversion itself (3-4x it on the 2-core development host). A
     payload encoded into a buffer is a ``memoryview`` over it, valid until the next encode
-    into the same buffer; keep one buffer per tensor (like its error-feedback residual),
-    or ``bytes(payload)`` to keep it, or call :meth:`renew_if_held` before each encode
-    (what the federation's senders do, ``ErrorFeedback.encode``).
+    into the same buffer: the federation's senders take a new buffer for every payload
+    (``ErrorFeedback.buffer``), or ``bytes(payload)`` keeps one.
     """
 
     def __init__(self, memory: Callable[[int], memoryview] | None = None) -> None:
         """``memory(nbytes)`` lends writable memory to grow into (a pool that keeps it
-        mapped between rounds, ``skyfed/payload_pool.py``); new numpy memory without it."""
+        mapped between rounds, ``coordinator/payload_pool.py``); new numpy memory without it."""
         # numpy memory: every tensor, array and memoryview made from it holds a reference
         # to this array, so its reference count says whether a payload is still held.
         self._memory_B = np.empty(0, dtype=np.uint8)
@@ -98,20 +96,6 @@ class PayloadBuffer:
             else:
                 self._memory_B = np.frombuffer(self._memory(size), dtype=np.uint8)
         return torch.from_numpy(self._memory_B[:nbytes])
-
-    @property
-    def held(self) -> bool:
-        """Whether anything made from this memory (a payload, a slice of one, a chunk's
-        view) is still alive anywhere."""
-        # The attribute's own reference and getrefcount's argument: 2 when nothing else.
-        return sys.getrefcount(self._memory_B) > 2
-
-    def renew_if_held(self) -> None:
-        """Start the next payload in new memory if the last one is still held (an
-        unacknowledged upload, a broadcast still queued), else reuse this memory: a
-        payload is never overwritten while anyone holds it."""
-        if self.held:
-            self._memory_B = np.empty(0, dtype=np.uint8)
 
 
 def header(codec: int, shape: tuple[int, ...], params: bytes, *, flags: int = 0) -> bytes:

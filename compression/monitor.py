@@ -15,7 +15,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from skyfed.validate import require
+from skyfed.config.checks import check_types, require
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,6 +34,7 @@ class MonitorConfig:
     """Transfers smaller than this say more about latency than rate: no goodput sample."""
 
     def __post_init__(self) -> None:
+        check_types(self, "monitor")
         window_ok = math.isfinite(self.window_s) and self.window_s > 0
         require("monitor", window_ok, "window_s", self.window_s, "finite and > 0")
         require("monitor", 0 < self.alpha <= 1, "alpha", self.alpha, "in (0, 1]")

@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -41,9 +41,10 @@ from skyfed.compression.registry import (
     make_codec,
 )
 from skyfed.compression.schedule import DensityWarmup
-from skyfed.validate import require
+from skyfed.config.checks import check_types, require
 
-MODES = ("table", "cost")
+PolicyMode = Literal["table", "cost"]
+"""``table``: the thresholds decide; ``cost``: the codec predicted fastest."""
 
 
 # EC-SGD's clip (in block RMS) for momentum-corrected gradients, which are heavy-tailed
@@ -75,8 +76,9 @@ LONG_PHASE_ECSGD_BLOCK = 1024
 class PolicyConfig:
     """Thresholds, dwell and codec parameters of the link policy. TOML: ``[policy]``."""
 
-    mode: str = "table"
-    """``table`` (the default thresholds below) or ``cost`` (predicted fastest codec)."""
+    mode: PolicyMode = "table"
+    """How a link's codec is picked: ``table`` (by this table's thresholds) or ``cost``
+    (the codec predicted fastest)."""
     light: str = "fp16"
     """Codec of a near, clean link."""
     medium: str = "topk"
@@ -100,9 +102,9 @@ class PolicyConfig:
     topk_density: float | None = None
     """Top-k: fraction of elements sent (unset: :data:`DELTA_TOPK_DENSITY`, 5 %; under
     ``exchange = "gradient"`` :data:`GRADIENT_TOPK_DENSITY`, 1 %)."""
-    topk_values: str = "int8"
+    topk_values: Literal["int8", "fp16"] = "int8"
     """Top-k: ``int8`` (with a scale) or ``fp16`` values."""
-    topk_bits: int = 8
+    topk_bits: Literal[2, 3, 4, 8] = 8
     """Top-k: bits per kept value, 8 (INT8, one scale per tensor) or 2, 3 or 4 (sign and
     magnitude, a scale per block of 128 kept values: SparseLoCo's choice; ``int8``
     values only). Frames say their width, so both ends of a link need only agree on
@@ -117,7 +119,7 @@ class PolicyConfig:
     join or a coordinator restart does not restart it: the residuals outlive them."""
     topk_warmup_start: float = 0.25
     """Top-k: the density at round 0, and just after a switch to Top-k, when warming up."""
-    ecsgd_bits: int = 2
+    ecsgd_bits: Literal[1, 2, 4] = 2
     """EC-SGD: bits per element (1, 2 or 4)."""
     ecsgd_block: int | None = None
     """EC-SGD: elements per block, each with its own float32 scale (unset: the codec's
@@ -144,8 +146,8 @@ class PolicyConfig:
     compressing of them wins."""
 
     def __post_init__(self) -> None:
+        check_types(self, "policy")
         names = codec_names()
-        require("policy", self.mode in MODES, "mode", self.mode, f"one of {MODES}")
         for key in ("light", "medium", "heavy"):
             require(
                 "policy", getattr(self, key) in names, key, getattr(self, key), f"one of {names}"
@@ -170,21 +172,12 @@ class PolicyConfig:
             require("policy", getattr(self, key) >= 1, key, getattr(self, key), ">= 1")
         density = self.topk_density
         require("policy", density is None or 0 < density <= 1, "topk_density", density, "in (0, 1]")
-        require(
-            "policy",
-            self.topk_values in ("int8", "fp16"),
-            "topk_values",
-            self.topk_values,
-            "int8|fp16",
-        )
         bits = self.topk_bits
-        require("policy", bits in (2, 3, 4, 8), "topk_bits", bits, "2, 3, 4 or 8")
         ok = bits == 8 or self.topk_values == "int8"
         require("policy", ok, "topk_bits", bits, "8 with fp16 values (low bits are integer levels)")
         warmup, start = self.topk_warmup_rounds, self.topk_warmup_start
         require("policy", warmup >= 0, "topk_warmup_rounds", warmup, ">= 0")
         require("policy", 0 < start <= 1, "topk_warmup_start", start, "in (0, 1]")
-        require("policy", self.ecsgd_bits in (1, 2, 4), "ecsgd_bits", self.ecsgd_bits, "1, 2 or 4")
         block = self.ecsgd_block
         ok = block is None or (8 <= block <= 1 << 20 and block % 8 == 0)
         require("policy", ok, "ecsgd_block", block, "a multiple of 8 in [8, 1048576]")

@@ -195,9 +195,9 @@ class TopK(Codec):
             value_kind, index_kind, zstd, len(idx_k), scale, raw_len, self.bits, lowbit_block
         ).pack()
         payload = frame.pack(self.wire_id, shape, params, value_bytes, index_bytes, out=out)
-        return payload, idx_k, kept_k, sent_k
+        return payload, idx_k, kept_k, sent_k  # type: ignore[return-value]  # a view into out
 
-    def _quantize(self, kept_k: torch.Tensor) -> tuple[memoryview, float, torch.Tensor]:
+    def _quantize(self, kept_k: torch.Tensor) -> tuple[bytes | memoryview, float, torch.Tensor]:
         """Wire bytes of the kept values, their scale, and the values they decode to."""
         if self.bits != 8:
             return lowbit.quantize(kept_k, self.bits, lowbit.DEFAULT_BLOCK)
@@ -443,10 +443,11 @@ def _pack_indices(idx_k: np.ndarray, numel: int) -> tuple[int, int, int, bytes |
     # Varints take at least a byte per index: above 1/8 density the bitmap is smaller
     # without writing them (the downlink at 3 x 5 %).
     varint = packing.varint_gaps(idx_k) if len(idx_k) <= bitmap_len else None
-    kind, raw = _INDEX_VARINT, varint
-    if varint is None or bitmap_len < len(varint):
+    if varint is not None and len(varint) <= bitmap_len:
+        kind, raw = _INDEX_VARINT, varint
+    else:
         kind, raw = _INDEX_BITMAP, packing.bitmap(idx_k, numel)
-    packed = frame.compress(raw) if len(raw) > 64 else b""
+    packed = frame.compress(memoryview(raw)) if len(raw) > 64 else b""
     if packed and len(packed) < len(raw):
         return kind, 1, len(raw), packed
     return kind, 0, len(raw), raw

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from skyfed.coordinator.snapshot import run_wall_s, to_data
-from skyfed.coordinator.status import ReplicaSet, Status
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
+from skyfed.status import ReplicaSet, Status
 
 Snapshot = dict[str, Any]
 

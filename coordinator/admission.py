@@ -89,16 +89,16 @@ class Admission:
                 f"the agent speaks payload frames version {hello.frame_version or 1}; this "
                 f"coordinator speaks version {frame.VERSION}: run the same skyfed on both"
             )
-        config = fed.config
+        rounds = fed.config.rounds
         why = long_phase_refusal(
-            config.outer_optimizer, config.outer_lr, config.outer_momentum, hello.local_steps
+            rounds.outer_optimizer, rounds.outer_lr, rounds.outer_momentum, hello.local_steps
         )
         if why is not None:
             raise UnsupportedOuterError(why)
         offered = list(hello.exchanges) or ["delta"]  # agents from before the field
-        if fed.config.exchange not in offered:
+        if rounds.exchange not in offered:
             raise UnsupportedExchangeError(
-                f"this federation exchanges {fed.config.exchange!r}; the agent offers "
+                f"this federation exchanges {fed.config.rounds.exchange!r}; the agent offers "
                 f"{offered} (upgrade it)"
             )
 
@@ -199,21 +199,21 @@ class Admission:
                 port=fed.links.echo.port,
                 key=link.probe.key,
                 probe_id=link.probe.probe_id,
-                interval_ms=fed.config.probe_interval_ms,
+                interval_ms=fed.config.transport.probe_interval_ms,
             )
         return Welcome(
             round=fed.model.round,
             weights_follow=weights_follow,
             codec=session.codec,
             codec_params=fed.links.codec_params(session, fed.model.round),
-            max_chunk_bytes=fed.config.max_chunk_bytes,
-            heartbeat_ms=fed.config.heartbeat_ms,
+            max_chunk_bytes=fed.config.transport.max_chunk_bytes,
+            heartbeat_ms=fed.config.transport.heartbeat_ms,
             identity=session.identity.uri,
-            exchange=fed.config.exchange,
-            sgd_lr=fed.config.sgd_lr,
-            sgd_momentum=fed.config.sgd_momentum,
+            exchange=fed.config.rounds.exchange,
+            sgd_lr=fed.config.rounds.sgd_lr,
+            sgd_momentum=fed.config.rounds.sgd_momentum,
             probe=probe,
-            overlap=fed.config.overlap,
+            overlap=fed.config.rounds.overlap,
             stripe_token=session.stripe_token,
             streams=session.streams if session.stripe_token else 0,
             term=fed.term,
@@ -229,7 +229,7 @@ class Admission:
             payloads,
             kind=ChunkKind.WEIGHTS,
             round=fed.model.round - 1,
-            max_chunk_bytes=fed.config.max_chunk_bytes,
+            max_chunk_bytes=fed.config.transport.max_chunk_bytes,
             term=fed.term,
         )
         end = WeightsEnd(
@@ -291,7 +291,7 @@ class Admission:
         fed = self.fed
         now = time.monotonic()
         for s in list(self.sessions.values()):
-            if now - s.last_seen > fed.config.liveness_timeout_s:
+            if now - s.last_seen > fed.config.transport.liveness_timeout_s:
                 log.warning(
                     "[Coordinator.Liveness] agent=%s silent_s=%.1f", s.key, now - s.last_seen
                 )
@@ -300,5 +300,5 @@ class Admission:
                 del self.sessions[s.key]
                 s.close(
                     grpc.StatusCode.UNAVAILABLE,
-                    f"no message for {fed.config.liveness_timeout_s} s",
+                    f"no message for {fed.config.transport.liveness_timeout_s} s",
                 )

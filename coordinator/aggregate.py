@@ -130,8 +130,9 @@ class RoundAggregate:
         # Elementwise payloads (nothing kept by their check) sum piece by piece.
         if out.is_contiguous() and all(p.shard is None and k is None for p, k, _ in terms):
             steps = [decode_add_pieces_payload(p.data, out, alpha) for p, _, alpha in terms]
-            if all(step is not None for step in steps):
-                return self._mean_by_pieces(out, steps, files)
+            pieces = [step for step in steps if step is not None]
+            if len(pieces) == len(steps):
+                return self._mean_by_pieces(out, pieces, files)
         out.zero_()
         for payload, parsed, alpha in terms:
             into = _narrow(out, payload.shard)

@@ -15,16 +15,13 @@ import torch
 from rich.console import Console
 
 from skyfed.allocator import fix_mmap_threshold
-from skyfed.cliflags import field_flags, log_options, metrics_options, show_defaults
-from skyfed.compression import codec_names
-from skyfed.config import load_config
+from skyfed.config.flags import config_options, log_options
+from skyfed.config.load import load_config
 from skyfed.coordinator.admin import summary_table
 from skyfed.coordinator.config import CoordinatorConfig
-from skyfed.coordinator.outer import OUTER_OPTIMIZERS
 from skyfed.coordinator.progress import LiveView, WatchLoop
 from skyfed.logs import setup_logging
 from skyfed.tasks.registry import TaskLoadError
-from skyfed.wire import EXCHANGES
 
 if TYPE_CHECKING:
     from skyfed.coordinator.server import Running
@@ -39,107 +36,7 @@ def main() -> None:
 @click.option(
     "--config", "config_path", type=click.Path(exists=True, path_type=Path), help="TOML file."
 )
-@click.option("--listen", help="HOST:PORT to bind (port 0: any free port).")
-@click.option(
-    "--certs",
-    type=click.Path(path_type=Path),
-    help="certs directory (ca.crt, coordinator.crt/.key, crl.pem).",
-)
-@click.option("--ca", type=click.Path(path_type=Path))
-@click.option("--cert", type=click.Path(path_type=Path))
-@click.option("--key", type=click.Path(path_type=Path))
-@click.option("--crl", type=click.Path(path_type=Path))
-@click.option("--task")
-@click.option("--min-agents", type=int)
-@click.option("--quorum", type=int)
-@click.option("--round-deadline-s", type=float)
-@click.option("--rounds", type=int, help="Stop after this many rounds (0: never).")
-@click.option(
-    "--codec", help=f"Link codec: auto (the link policy picks), {', '.join(codec_names())}."
-)
-@click.option(
-    "--policy", type=click.Choice(["table", "cost"]), help="Link policy mode (codec auto)."
-)
-@click.option(
-    "--exchange",
-    type=click.Choice(EXCHANGES),
-    help="What agents send: delta (local steps' pseudo-gradient) or gradient (DGC's step).",
-)
-@click.option(
-    "--overlap/--no-overlap",
-    default=None,
-    help="Agents train round r+1 while round r's exchange is in flight (default: no).",
-)
-@click.option("--sgd-lr", type=float, help="--exchange gradient: the SGD step size.")
-@click.option("--sgd-momentum", type=float, help="--exchange gradient: the SGD momentum.")
-@click.option(
-    "--outer-optimizer",
-    type=click.Choice(OUTER_OPTIMIZERS),
-    help="Outer step on the mean pseudo-gradient: sgd (FedAvg) or nesterov (DiLoCo).",
-)
-@click.option("--outer-lr", type=float, help="Outer step size (sgd 1.0, nesterov 0.7).")
-@click.option("--outer-momentum", type=float, help="Outer momentum (sgd 0, nesterov 0.9).")
-@click.option(
-    "--max-streams",
-    "streams",
-    type=int,
-    help="Most TCP connections one agent's session stripes over (1: never stripe).",
-)
-@click.option(
-    "--link-rate-mbit", type=float, help="The links' physical rate, for the floors in status."
-)
-@click.option("--heartbeat-ms", type=int, help="Agents' heartbeat interval.")
-@click.option("--probe-interval-ms", type=int, help="Agents' loss probe interval.")
-@click.option("--probe-port", type=int, help="UDP port of the loss probe echo (0: any, -1: off).")
-@click.option("--checkpoint-dir", type=click.Path(path_type=Path))
-@click.option(
-    "--stage-dir",
-    type=click.Path(path_type=Path),
-    help="Where uplinks past the staging budget wait for the close (a disk, not a tmpfs).",
-)
-@click.option("--port-file", type=click.Path(path_type=Path), help="Write the bound port here.")
-@click.option(
-    "--status-file", type=click.Path(path_type=Path), help="Status JSON, rewritten each round."
-)
-@field_flags(
-    CoordinatorConfig,
-    {
-        "seed": (int, "Seed of the initial weights and of the downlink's rounding."),
-        "max_chunk_bytes": (int, "Largest chunk data accepted or sent, in bytes."),
-        "threads": (int, "torch intra-op threads for the mean, the encode and the checks."),
-        "stage_memory": (float, "Staged uplinks in memory at most, x the model (inf: no limit)."),
-        "liveness_timeout_s": (float, "Drop an agent silent this long."),
-        "final_wait_s": (float, "After the last round, wait this long for agents to close."),
-        "max_samples": (int, "Most weight (samples) one contribution counts with."),
-        "clip_norm_ratio": (float, "Clip update norms to this x the recent median (0: off)."),
-        "max_streams_per_identity": (int, "Open streams one certificate identity may hold."),
-        "hello_timeout_s": (float, "End a call whose first message (a hello) is this late."),
-        "replica": (str, "This replica's name; with --etcd, elect one leader (failover.md)."),
-        "etcd": (str, "etcd endpoints the replicas elect through: http(s)://HOST:PORT,..."),
-        "etcd_ca": (click.Path(path_type=Path), "CA of etcd's server certificate (https)."),
-        "advertise": (str, "HOST:PORT agents dial for this replica (default: listen's)."),
-        "lease_ttl_s": (int, "The replica's etcd lease TTL: a lost leader is replaced in ~this."),
-        "etcd_prefix": (str, "This federation's keys in etcd."),
-        "replica_ack_timeout_s": (float, "Wait this long for a standby to hold each round."),
-    },
-)
-@click.option(
-    "--run-dir",
-    type=click.Path(path_type=Path),
-    help="Run directory: rounds.jsonl, status.json (see skyfed report).",
-)
-@click.option("--eval-every", type=int, help="Held-out evaluation every N rounds (0: off). [5]")
-@metrics_options
-@click.option(
-    "--export",
-    type=click.Path(path_type=Path),
-    help="Write the final weights here as a state_dict.",
-)
-@click.option(
-    "--tensorboard",
-    type=click.Path(path_type=Path),
-    help="TensorBoard log dir (the tensorboard extra).",
-)
+@config_options(CoordinatorConfig)
 @click.option("--no-progress", is_flag=True, help="Plain log lines, no live view.")
 @log_options
 def serve(
@@ -163,7 +60,7 @@ def serve(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    if config.replica:
+    if config.replicas.replica:
         raise SystemExit(_serve_replica(config, stop))
     console = Console(stderr=True)
     stack = contextlib.ExitStack()
@@ -171,7 +68,7 @@ def serve(
     with stack:
         click.echo(f"coordinator listening on port {running.port}", err=True)
         if running.metrics_port is not None:
-            host = config.metrics_listen.rpartition(":")[0]
+            host = config.metrics.metrics_listen.rpartition(":")[0]
             click.echo(f"metrics on http://{host}:{running.metrics_port}/metrics", err=True)
         live = console.is_terminal and not no_progress and log_format != "json"
         _until_done(running, stop, console if live else None)
@@ -179,10 +76,11 @@ def serve(
     if failure is not None:  # a supervisor restarts it from the last checkpoint
         click.echo(f"coordinator: round driver failed: {failure!r}", err=True)
         raise SystemExit(1)
-    if config.export is not None and running.federation.model.round == 0:
+    export = config.checkpoints.export
+    if export is not None and running.federation.model.round == 0:
         click.echo(
             f"coordinator: stopped before any round was applied: no trained model, "
-            f"nothing written to {config.export}",
+            f"nothing written to {export}",
             err=True,
         )
         raise SystemExit(1)
@@ -194,7 +92,10 @@ def _serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
     has no rounds to show); the exit status is the federation's."""
     from skyfed.coordinator.replicas.serve import serve_replica
 
-    click.echo(f"coordinator replica {config.replica}, electing through {config.etcd}", err=True)
+    replicas = config.replicas
+    click.echo(
+        f"coordinator replica {replicas.replica}, electing through {replicas.etcd}", err=True
+    )
     try:
         code = serve_replica(config, stop)
     except TaskLoadError as exc:
@@ -203,7 +104,7 @@ def _serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
         logging.getLogger(__name__).debug("replica failed", exc_info=True)
         raise click.ClickException(str(exc)) from exc
     if code:
-        click.echo(f"coordinator replica {config.replica}: round driver failed", err=True)
+        click.echo(f"coordinator replica {replicas.replica}: round driver failed", err=True)
     return code
 
 
@@ -221,10 +122,11 @@ def _until_done(running: Running, stop: threading.Event, console: Console | None
 
 def _goodbye(config: CoordinatorConfig, snap: dict, console: Console) -> None:
     console.print(summary_table(snap, title="skyfed run summary"))
-    if config.run_dir is not None:
-        click.echo(f"run directory: {config.run_dir} (skyfed report {config.run_dir})", err=True)
-    if config.export is not None:
-        click.echo(f"model: {config.export}", err=True)
+    run_dir, export = config.metrics.run_dir, config.checkpoints.export
+    if run_dir is not None:
+        click.echo(f"run directory: {run_dir} (skyfed report {run_dir})", err=True)
+    if export is not None:
+        click.echo(f"model: {export}", err=True)
 
 
 @main.command()
@@ -255,21 +157,26 @@ def export(checkpoint_dir: Path, out: Path, task: str) -> None:
 def check_paths(config: CoordinatorConfig) -> None:
     """Every file the coordinator reads exists, every file it writes has a directory: a
     wrong path is one line at the start (exit 2), not a traceback after round 0."""
-    files = [("--ca", config.ca), ("--cert", config.cert), ("--key", config.key)]
-    for option, path in [*files, ("--etcd-ca", config.etcd_ca)]:
+    transport, metrics = config.transport, config.metrics
+    files = [("--ca", transport.ca), ("--cert", transport.cert), ("--key", transport.key)]
+    for option, path in [*files, ("--etcd-ca", config.replicas.etcd_ca)]:
         if path is not None and not path.is_file():
-            hint = " (check --certs)" if config.certs is not None else ""
+            hint = " (check --certs)" if transport.certs is not None else ""
             raise click.UsageError(f"{option} {path} does not exist{hint}")
-    if config.crl is not None and not config.crl.is_file():
-        raise click.UsageError(f"--crl {config.crl} does not exist (run `certs refresh-crl`)")
-    if config.run_dir is not None:  # the coordinator's own directory: made, not checked
+    if transport.crl is not None and not transport.crl.is_file():
+        raise click.UsageError(f"--crl {transport.crl} does not exist (run `certs refresh-crl`)")
+    if metrics.run_dir is not None:  # the coordinator's own directory: made, not checked
         try:
-            config.run_dir.mkdir(parents=True, exist_ok=True)
+            metrics.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise click.UsageError(f"--run-dir {config.run_dir}: {exc.strerror}") from exc
-    if config.stage_dir is not None and not config.stage_dir.is_dir():
-        raise click.UsageError(f"--stage-dir {config.stage_dir} is not a directory")
-    for option, path in (("--status-file", config.status_file), ("--port-file", config.port_file)):
+            raise click.UsageError(f"--run-dir {metrics.run_dir}: {exc.strerror}") from exc
+    stage_dir = config.checkpoints.stage_dir
+    if stage_dir is not None and not stage_dir.is_dir():
+        raise click.UsageError(f"--stage-dir {stage_dir} is not a directory")
+    for option, path in (
+        ("--status-file", metrics.status_file),
+        ("--port-file", transport.port_file),
+    ):
         if path is not None and not path.parent.is_dir():
             raise click.UsageError(f"{option} {path}: directory {path.parent} does not exist")
 
@@ -286,9 +193,6 @@ def start(stack: contextlib.ExitStack, config: CoordinatorConfig):  # noqa: ANN2
     except (RuntimeError, OSError) as exc:
         logging.getLogger(__name__).debug("start failed", exc_info=True)
         raise click.ClickException(str(exc)) from exc
-
-
-show_defaults(serve, CoordinatorConfig)
 
 
 @main.command()

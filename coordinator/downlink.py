@@ -34,11 +34,6 @@ Update = Callable[[int, torch.Tensor], torch.Tensor]
 """``update(i, out)``: tensor ``i``'s update written into ``out`` (float32, its shape)."""
 
 
-def from_list(updates: Sequence[torch.Tensor]) -> Update:
-    """An :data:`Update` over tensors already made (tests, small tools)."""
-    return lambda i, out: out.copy_(updates[i])
-
-
 class Downlink:
     """Encodes each round's update once; owns the downlink's residuals and codec history."""
 

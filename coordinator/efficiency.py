@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from skyfed.coordinator.streams import mathis_mbit
+from skyfed.netinfo import MSS_BYTES, mathis_mbit
+from skyfed.status import Efficiency
 
 HIGH_RATIO = 1.5
 """Above this exchange / floor ratio the link's limit is named."""
@@ -37,27 +38,6 @@ class Exchange:
     """Connections the session striped over in that round."""
 
 
-@dataclass(frozen=True, slots=True)
-class Efficiency:
-    """An exchange against its floor: what status shows for a link and a round."""
-
-    round: int
-    exchange_s: float
-    floor_s: float
-    ratio: float
-    rtt_ms: float
-    rate_mbit: float
-    """The rate the floor assumes."""
-    goodput_mbit: float
-    """The exchange's bytes over its time."""
-    streams: int
-    limit: str
-    """What holds the exchange above its floor ("" when within :data:`HIGH_RATIO`)."""
-    cloud: str = ""
-    name: str = ""
-    """The agent whose link it is (filled in by the coordinator for status)."""
-
-
 def floor_s(rtt_ms: float, nbytes: int, rate_mbit: float) -> float:
     """One round trip plus ``nbytes`` at ``rate_mbit``: the fastest an exchange can be."""
     if not (rtt_ms >= 0 and rate_mbit > 0):
@@ -72,7 +52,7 @@ def assess(
     loss_pct: float,
     rate_mbit: float,
     max_streams: int,
-    mss_bytes: int = 1448,
+    mss_bytes: int = MSS_BYTES,
     loss_based: bool = True,
 ) -> Efficiency:
     """The exchange against the floor of a link at ``rtt_ms``, ``loss_pct`` and ``rate_mbit``

@@ -3,7 +3,7 @@
 The caller lends the live weights; a worker thread makes them a model's parameters (views:
 no copy) and calls the task's ``eval_metrics`` (named metrics: loss, accuracy,
 perplexity...) or, for a task without it, its ``eval_loss``, then hands them back
-(``release``). The metrics are held to the wire's rules (``skyfed.validate``): a name or
+(``release``). The metrics are held to the wire's rules (``skyfed.wire``): a name or
 value out of them is dropped with a warning. The round's
 close waits for that before it changes them in place (``Federation.weights_read``), so an
 evaluation reads one round's weights whole, and the coordinator spends no model-sized copy
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from skyfed.tasks.base import Task
-from skyfed.validate import valid_metrics
+from skyfed.wire import valid_metrics
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def measure_of(task: Task) -> Callable[[nn.Module], dict[str, Any]] | None:
 
 
 def bounded(metrics: dict[str, Any], round_: int) -> dict[str, float]:
-    """``metrics`` held to the wire's rules (``skyfed.validate.valid_metrics``): what
+    """``metrics`` held to the wire's rules (``skyfed.wire.valid_metrics``): what
     breaks them is dropped, with a warning saying why."""
     scalars = {
         name: float(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else value

@@ -24,11 +24,12 @@ from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.inbound import Intake
 from skyfed.coordinator.links import Links
 from skyfed.coordinator.model import Model, RoundRules
+from skyfed.coordinator.payload_pool import PayloadPool
 from skyfed.coordinator.rounds import Rounds
-from skyfed.coordinator.status import Status, build_status
+from skyfed.coordinator.snapshot import build_status
 from skyfed.files import write_text_atomic
-from skyfed.payload_pool import PayloadPool
 from skyfed.proto import serde
+from skyfed.status import Status
 from skyfed.wire import max_payload_bytes, raw_bytes
 
 if TYPE_CHECKING:
@@ -40,12 +41,12 @@ log = logging.getLogger(__name__)
 def round_rules(config: CoordinatorConfig) -> RoundRules:
     """The round's rules as the coordinator's configuration sets them."""
     return RoundRules(
-        max_samples=config.max_samples,
-        clip_norm_ratio=config.clip_norm_ratio,
-        outer=config.outer,
+        max_samples=config.robustness.max_samples,
+        clip_norm_ratio=config.robustness.clip_norm_ratio,
+        outer=config.rounds.outer,
         policy=config.policy,
         seed=config.seed,
-        stage_memory=config.stage_memory,
+        stage_memory=config.checkpoints.stage_memory,
         spill_dir=config.spill_dir,
     )
 
@@ -72,7 +73,7 @@ class Federation:
         """Refused peers and sessions by gRPC status name, for operators (status, metrics)."""
         self.evaluation: EvalResult | None = None
         """The last held-out evaluation, set by the observer's evaluator."""
-        if config.stage_dir is None and config.spill_dir is not None:
+        if config.checkpoints.stage_dir is None and config.spill_dir is not None:
             # The coordinator's own directory stages what arrives past stage_memory
             # (an operator's stage_dir is checked at start); without it, held in memory.
             with contextlib.suppress(OSError):
@@ -89,7 +90,7 @@ class Federation:
             config.monitor,
             [t.numel for t in self.model.spec],
             config.streams,
-            rate_mbit=config.link_rate_mbit,
+            rate_mbit=config.transport.link_rate_mbit,
         )
         self.admission = Admission(self)
         self.intake = Intake(self)
@@ -111,8 +112,8 @@ class Federation:
 
     def write_status(self) -> None:
         """Status as JSON, atomically, for operators' scripts and the demo's summary."""
-        if self.config.status_file is not None:
-            write_text_atomic(self.config.status_file, serde.status_to_json(self.status()))
+        if self.config.metrics.status_file is not None:
+            write_text_atomic(self.config.metrics.status_file, serde.status_to_json(self.status()))
 
     def refused(self, code: str) -> None:
         """Count a refused peer or session by its gRPC status name (``UNAUTHENTICATED``);

@@ -29,8 +29,15 @@ from skyfed.errors import (
 )
 from skyfed.logs import Phases
 from skyfed.proto.chunks import Assembler
-from skyfed.validate import MAX_METRICS
-from skyfed.wire import MAX_CHUNKS, Announce, Chunk, ChunkKind, ContributionEnd, Receipt
+from skyfed.wire import (
+    MAX_CHUNKS,
+    MAX_METRICS,
+    Announce,
+    Chunk,
+    ChunkKind,
+    ContributionEnd,
+    Receipt,
+)
 
 if TYPE_CHECKING:
     from skyfed.coordinator.federation import Federation
@@ -87,6 +94,7 @@ class Inbound:
     def withdraw(self) -> None:
         """Drop what it staged (if it is still open): the sum is as if it never came."""
         if self.open:
+            assert self.entry is not None  # open: accepted
             self.entry.withdraw()
 
 
@@ -147,7 +155,7 @@ class Intake:
                     kind=ChunkKind.GRADIENT,
                     round=header.round,
                     num_tensors=len(fed.model.spec),
-                    max_chunk_bytes=fed.config.max_chunk_bytes,
+                    max_chunk_bytes=fed.config.transport.max_chunk_bytes,
                     max_payload_bytes=fed.max_payload,
                     memory=entry.memory(fed.payloads.take),
                 ),
@@ -155,7 +163,7 @@ class Intake:
                 train_s=header.train_s,
             )
             session.state = "sending"
-            fed.links.get(session).upload_begins(session.bytes_up, time.monotonic())
+            fed.links.of(session).upload_begins(session.bytes_up, time.monotonic())
             fed.rounds.stats.raw_bytes_up += header.raw_bytes
             session.raw_bytes_up += header.raw_bytes
 
@@ -168,7 +176,7 @@ class Intake:
         """The agent's timing of its last exchange: the link's efficiency in that round
         (status and the round's history). The caller holds the lock."""
         assert header.timing is not None
-        e = self.fed.links.timed(session, header.timing, self.fed.config.link_rate_mbit)
+        e = self.fed.links.timed(session, header.timing, self.fed.config.transport.link_rate_mbit)
         if e is None:
             return
         session.efficiency = e
@@ -241,8 +249,12 @@ class Intake:
         fed = self.fed
         with fed.cond:
             inbound = session.inbound
-            refused = inbound is not None and inbound.entry is None
-            if refused and inbound.expected is None and inbound.round == end.round:
+            if (
+                inbound is not None
+                and inbound.entry is None
+                and inbound.expected is None
+                and inbound.round == end.round
+            ):
                 session.inbound = None  # refused while it streamed: all of it is counted off
                 return
         if inbound is None or inbound.entry is None or inbound.expected is not None:
@@ -270,7 +282,7 @@ class Intake:
             session.inbound = None
             session.last_round = inbound.round
             connections = session.connections if session.stripe_token else 0
-            link = fed.links.get(session)
+            link = fed.links.of(session)
             nbytes = link.upload_done(
                 session.bytes_up, time.monotonic(), inbound.train_s, connections, inbound.seen
             )

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from skyfed.compression.monitor import LinkMonitor, LinkStats, MonitorConfig, one_way_loss_pct
 from skyfed.compression.policy import CodecProfile, PolicyConfig, PolicyState, profile_codecs, step
 from skyfed.coordinator import streams as stream_policy
-from skyfed.coordinator.efficiency import Efficiency, Exchange, assess
+from skyfed.coordinator.efficiency import Exchange, assess
 from skyfed.coordinator.observed import Observed
 from skyfed.coordinator.probe import ProbeEcho, ProbeKey
 from skyfed.coordinator.streams import StreamsConfig, StreamsState
 from skyfed.netinfo import log_send_buffering, loss_cap_warning
+from skyfed.status import Efficiency
 from skyfed.wire import ExchangeTiming, Heartbeat
 
 if TYPE_CHECKING:
@@ -435,6 +436,10 @@ class Links:
 
     def get(self, session: Session) -> LinkState | None:
         return self._links.get(session.key)
+
+    def of(self, session: Session) -> LinkState:
+        """The link of an admitted session: it has one from its welcome on."""
+        return self._links[session.key]
 
     def sent_heartbeat(self, session: Session, sent_ns: int) -> None:
         """We stamped a heartbeat to the agent with ``sent_ns``: its echo times the link."""

@@ -50,14 +50,16 @@ class Observer:
         self.federation = federation
         self.config = config
         self.sinks: list[Sink] = []
-        if config.run_dir is not None:
-            runinfo.write(config.run_dir, config)
-            self.sinks.append(RunHistory(config.run_dir / ROUNDS_FILE))
-        if config.tensorboard is not None:
+        if config.metrics.run_dir is not None:
+            runinfo.write(config.metrics.run_dir, config)
+            self.sinks.append(RunHistory(config.metrics.run_dir / ROUNDS_FILE))
+        if config.metrics.tensorboard is not None:
             from skyfed.coordinator.tensorboard import TensorBoardSink
 
-            self.sinks.append(TensorBoardSink(config.tensorboard))
-        self.evaluator = Evaluator(load_task(config.task), config.eval_every, self._evaluated)
+            self.sinks.append(TensorBoardSink(config.metrics.tensorboard))
+        self.evaluator = Evaluator(
+            load_task(config.task), config.metrics.eval_every, self._evaluated
+        )
         self._last_round = -1
         self._timed: dict[int, int] = {}  # round -> its RoundStats.links handed over so far
         self._waiting = ""

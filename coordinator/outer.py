@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-OUTER_OPTIMIZERS = ("sgd", "nesterov")
+from skyfed.config.checks import ConfigError
+
+COMPONENT = "coordinator"
+
+OuterKind = Literal["sgd", "nesterov"]
+"""The outer steps the coordinator knows (``rounds.outer_optimizer``)."""
+OUTER_OPTIMIZERS: tuple[str, ...] = get_args(OuterKind)
 # DiLoCo's outer Nesterov settings; plain SGD defaults to federated averaging.
 DEFAULT_LR = {"sgd": 1.0, "nesterov": 0.7}
 DEFAULT_MOMENTUM = {"sgd": 0.0, "nesterov": 0.9}
@@ -69,18 +76,16 @@ class OuterSettings:
         """``None`` takes the optimizer's default (the rate :data:`OVERLAP_LR_SCALE` times
         it under ``overlap``); ValueError names a bad option."""
         if kind not in OUTER_OPTIMIZERS:
-            raise ValueError(
-                f"coordinator option outer_optimizer={kind!r} must be one of {OUTER_OPTIMIZERS}"
-            )
+            raise ConfigError(COMPONENT, "outer_optimizer", kind, f"one of {OUTER_OPTIMIZERS}")
         if lr is None:
             lr = DEFAULT_LR[kind] * (OVERLAP_LR_SCALE if overlap else 1.0)
         momentum = DEFAULT_MOMENTUM[kind] if momentum is None else momentum
         if not lr > 0:
-            raise ValueError(f"coordinator option outer_lr={lr!r} must be > 0")
+            raise ConfigError(COMPONENT, "outer_lr", lr, "> 0")
         # Nesterov without momentum is plain SGD: ask for "sgd" instead.
         if not (0 <= momentum < 1 if kind == "sgd" else 0 < momentum < 1):
             span = "[0, 1)" if kind == "sgd" else "(0, 1)"
-            raise ValueError(f"coordinator option outer_momentum={momentum!r} must be in {span}")
+            raise ConfigError(COMPONENT, "outer_momentum", momentum, f"in {span}")
         return cls(kind, float(lr), float(momentum))
 
 

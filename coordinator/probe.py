@@ -1,6 +1,6 @@
 """The UDP loss probe's echo: authenticated, rate-bounded, never larger than what it answers.
 
-The packet (``skyfed/probe_packet.py``) carries, in a probe, the longest round trip of
+The packet (``proto/probe_packet.py``) carries, in a probe, the longest round trip of
 the sender's echoes since its last probe. The agent's round
 trips reach the coordinator's monitor this way, on the path they measure, rather than in
 heartbeats: those travel on the session's TCP stream, behind the gradients in flight and
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from skyfed.probe_packet import (
+from skyfed.proto.probe_packet import (
     ECHO,
     ID_BYTES,
     KEY_BYTES,

@@ -27,11 +27,11 @@ from skyfed import failpoints
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.replicas.followers import ReleaseRefused
 from skyfed.coordinator.round import Round
-from skyfed.coordinator.status import RoundStats
 from skyfed.fingerprint import DigestStream
 from skyfed.logs import Phases
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
+from skyfed.status import RoundStats
 from skyfed.wire import ChunkKind, Payload, RoundEnd, raw_bytes
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class Rounds:
         weights (``final_wait_s``)."""
         self.final_delivered: set[str] = set()
         """Identities the final round or the final weights were sent to."""
-        directory = fed.config.checkpoint_dir
+        directory = fed.config.checkpoints.checkpoint_dir
         self.checkpoints = None if directory is None else checkpoint.CheckpointWriter(directory)
         self.checkpoints_written = 0
         self.checkpoint_wait_s = 0.0
@@ -112,7 +112,7 @@ class Rounds:
             # and left that agent reconnecting to nothing.
             # Members that contributed but were down at the end may reconnect and fetch the
             # final weights (admission sends them, marked final) within the same wait.
-            deadline = time.monotonic() + fed.config.final_wait_s
+            deadline = time.monotonic() + fed.config.rounds.final_wait_s
             while not fed.stopping and self._owed() and time.monotonic() < deadline:
                 fed.cond.wait(timeout=0.05)
             for s in fed.admission.sessions.values():
@@ -142,7 +142,7 @@ class Rounds:
     def maybe_open(self) -> None:
         """Round 0, and the first round after a restart, wait for ``min_agents``."""
         fed = self.fed
-        needed = fed.config.min_agents if self._first else 1
+        needed = fed.config.rounds.min_agents if self._first else 1
         if len(fed.admission.sessions) < needed:
             return
         self._first = False
@@ -159,7 +159,7 @@ class Rounds:
     def _should_close(self) -> bool:
         fed = self.fed
         committed = self.round.committed
-        if committed < max(1, fed.config.quorum):  # a minimum, even when all have sent
+        if committed < max(1, fed.config.rounds.quorum):  # a minimum, even when all have sent
             return False
         if all(self.round.has(key) for key in fed.admission.sessions):
             return True
@@ -168,8 +168,8 @@ class Rounds:
         # (DiLoCo's hundreds of steps) closed every round on the fastest site alone and
         # threw the others' whole phase away (docs/outer-optimizer.md, Long local phases).
         first = self.stats.opened_at if self._first_commit_at is None else self._first_commit_at
-        late = time.monotonic() - first >= fed.config.round_deadline_s
-        return late and committed >= fed.config.quorum
+        late = time.monotonic() - first >= fed.config.rounds.round_deadline_s
+        return late and committed >= fed.config.rounds.quorum
 
     # ---- the close -----------------------------------------------------------------------
 
@@ -191,11 +191,11 @@ class Rounds:
                 number,
                 aggregate.held / 2**20,
                 aggregate.spilled / 2**20,
-                fed.config.stage_memory,
+                fed.config.checkpoints.stage_memory,
             )
         self.checkpoint_written()  # the last one read the weights this round changes
         self._weights_read()  # and so may the last evaluation
-        final = fed.config.rounds > 0 and number + 1 >= fed.config.rounds
+        final = fed.config.rounds.rounds > 0 and number + 1 >= fed.config.rounds.rounds
         before = {s.key: s.bytes_down for s in sessions}
         fewest = min((s.local_steps for s in sessions), default=0)  # the shortest phase
         if fed.replication is not None:  # the standbys close the same round beside us
@@ -252,7 +252,7 @@ class Rounds:
                 kind=ChunkKind.AGGREGATE,
                 round=round_.number,
                 first_seq=sent,
-                max_chunk_bytes=self.fed.config.max_chunk_bytes,
+                max_chunk_bytes=self.fed.config.transport.max_chunk_bytes,
                 views=True,
                 term=self.fed.term,
             ):

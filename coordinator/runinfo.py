@@ -29,7 +29,7 @@ def describe(config: CoordinatorConfig) -> dict[str, Any]:
         "host": socket.gethostname(),
         "task": config.task,
         "codec": config.codec,
-        "exchange": config.exchange,
+        "exchange": config.rounds.exchange,
         "configuration": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
         "versions": {"python": platform.python_version(), **_versions()},
     }

@@ -63,7 +63,7 @@ def initial_model(config: CoordinatorConfig) -> Model:
     spec = model_spec(named)
     del module, named
     model = Model(spec, weights, round_rules(config))
-    resume(model, config.checkpoint_dir)
+    resume(model, config.checkpoints.checkpoint_dir)
     return model
 
 
@@ -81,7 +81,7 @@ def run_server(
     model: Model | None = None,
     replication: Followers | None = None,
 ) -> Iterator[Running]:
-    """Serve until the block exits; binds ``config.listen`` (port 0 picks one). A replica
+    """Serve until the block exits; binds ``config.transport.listen`` (port 0 picks one). A replica
     passes its ``leadership``: sessions are admitted only while it leads, and every
     message carries its term; ``model``, the state it followed as a standby, and
     ``replication``, the standbys that follow it (``coordinator/replicas/serve.py``)."""
@@ -94,15 +94,19 @@ def run_server(
     observer = Observer(federation, config)
     driver = threading.Thread(target=_drive, args=(federation,), name="rounds", daemon=True)
     metrics = _start_metrics(config, observer, driver)
-    assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
-    creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
-    limit = config.max_chunk_bytes + ENVELOPE_BYTES
-    auth = PeerAuthenticator(config.crl, config.ca)
+    assert (
+        config.transport.cert and config.transport.key and config.transport.ca
+    )  # checked by CoordinatorConfig
+    creds = RotatingServerCredentials(
+        config.transport.cert, config.transport.key, config.transport.ca
+    ).credentials()
+    limit = config.transport.max_chunk_bytes + ENVELOPE_BYTES
+    auth = PeerAuthenticator(config.transport.crl, config.transport.ca)
     per_identity = calls_allowed(
-        config.max_streams_per_identity, config.streams.max_streams, MAX_SESSIONS
+        config.transport.max_streams_per_identity, config.streams.max_streams, MAX_SESSIONS
     )
-    limits = CallLimits(per_identity, sessions=config.max_streams_per_identity)
-    calls = CallGuard(auth, limits, config.hello_timeout_s, federation.refused)
+    limits = CallLimits(per_identity, sessions=config.transport.max_streams_per_identity)
+    calls = CallGuard(auth, limits, config.transport.hello_timeout_s, federation.refused)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_SESSIONS + 8, thread_name_prefix="rpc"),
         options=[
@@ -123,9 +127,9 @@ def run_server(
     serve_federation(server, federation, auth, calls, leadership)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_secure_port(config.listen, creds)
+    port = server.add_secure_port(config.transport.listen, creds)
     if port == 0:
-        raise OSError(f"cannot listen on {config.listen}")
+        raise OSError(f"cannot listen on {config.transport.listen}")
     echo = _start_echo(config)
     federation.links.echo = echo
     server.start()
@@ -138,11 +142,13 @@ def run_server(
     _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
     driver.start()
     observer.start()
-    log.info("[Coordinator.Serve] listen=%s port=%d task=%s", config.listen, port, config.task)
+    log.info(
+        "[Coordinator.Serve] listen=%s port=%d task=%s", config.transport.listen, port, config.task
+    )
     log_congestion_control(None, "coordinator")  # each session logs its route's (docs/wan.md)
     log_send_buffering("coordinator", striping=False)  # warned at a first N > 1 (links.py)
-    if config.port_file is not None:
-        config.port_file.write_text(f"{port}\n")
+    if config.transport.port_file is not None:
+        config.transport.port_file.write_text(f"{port}\n")
     try:
         yield Running(server, port, federation, driver, observer, metrics.port if metrics else None)
     finally:
@@ -191,7 +197,7 @@ def _start_metrics(
     config: CoordinatorConfig, observer: Observer, driver: threading.Thread
 ) -> MetricsServer | None:
     """``/metrics``, ``/healthz``, ``/readyz`` on ``metrics_listen``, if set."""
-    if not config.metrics_listen:
+    if not config.metrics.metrics_listen:
         return None
     registry = CollectorRegistry()
     registry.register(CoordinatorCollector(observer.snapshot))
@@ -199,23 +205,29 @@ def _start_metrics(
     def ready() -> tuple[bool, str]:
         return (True, "") if driver.is_alive() else (False, "the round driver has stopped")
 
-    return MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
+    return MetricsServer(
+        config.metrics.metrics_listen, registry, ready, public=config.metrics.metrics_public
+    )
 
 
 def _export(config: CoordinatorConfig, federation: Federation) -> None:
     """``--export FILE``: the final weights as a plain state_dict (skyfed.coordinator.export)."""
-    if config.export is None:
+    if config.checkpoints.export is None:
         return
     with federation.cond:
         model = federation.model
         round_, weights = model.round - 1, [w.clone() for w in model.weights]
     if round_ < 0:  # the initial weights are no trained model (coordinator/cli.py says so)
-        log.warning("[Coordinator.Export] out=%s skipped: no round was applied", config.export)
+        log.warning(
+            "[Coordinator.Export] out=%s skipped: no round was applied", config.checkpoints.export
+        )
         return
-    meta = export_weights(weights, config.export, task=config.task, round_=round_, seed=config.seed)
+    meta = export_weights(
+        weights, config.checkpoints.export, task=config.task, round_=round_, seed=config.seed
+    )
     log.info(
         "[Coordinator.Export] out=%s round=%d digest=%s",
-        config.export,
+        config.checkpoints.export,
         round_,
         meta["weights_digest"][:16],
     )
@@ -223,7 +235,7 @@ def _export(config: CoordinatorConfig, federation: Federation) -> None:
 
 def _start_echo(config: CoordinatorConfig) -> ProbeEcho | None:
     """The loss probe's UDP echo on the listen host, unless ``probe_port`` is -1."""
-    if config.probe_port < 0:
+    if config.transport.probe_port < 0:
         return None
-    host = config.listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
-    return ProbeEcho(host, config.probe_port).start()
+    host = config.transport.listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+    return ProbeEcho(host, config.transport.probe_port).start()

@@ -16,8 +16,7 @@ from skyfed.coordinator.federation import Federation
 from skyfed.coordinator.limits import hello_due, stripes_allowed
 from skyfed.coordinator.replicas.followers import serve_replicate
 from skyfed.coordinator.security import PeerAuthenticator
-from skyfed.coordinator.session import Session
-from skyfed.coordinator.status import ReplicaSet
+from skyfed.coordinator.session import Session as AgentSession
 from skyfed.coordinator.status_codes import abort, status_code
 from skyfed.errors import FederationError, ProtocolError, TooManyStreamsError
 from skyfed.logs import Throttle
@@ -27,6 +26,7 @@ from skyfed.proto import federation_pb2_grpc as pb_grpc
 from skyfed.proto import serde
 from skyfed.proto.outbox import StripeLane
 from skyfed.proto.stripes import Merge
+from skyfed.status import ReplicaSet
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -84,7 +84,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         # Headers at once: the agent learns its call reached a serving coordinator long
         # before the welcome, which waits for the lock a round's close holds (agent/link.py).
         context.send_initial_metadata(())
-        session = Session(call.identity, context.peer())
+        session = AgentSession(call.identity, context.peer())
         hello_due(session, self.calls.first_message_s)
         call.ended_by(lambda reason: self.federation.admission.revoke(session, reason))
         session.merge = Merge(
@@ -157,9 +157,9 @@ class FederationServicer(pb_grpc.FederationServicer):
         """What a striped session may hold out of order: about one transfer of the model
         (a stalled connection holds back at most that), and some chunks of slack."""
         fed = self.federation
-        return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.max_chunk_bytes
+        return sum(fed.max_payload) + MERGE_SLACK_CHUNKS * fed.config.transport.max_chunk_bytes
 
-    def _read(self, requests: Iterator[bytes], session: Session) -> None:
+    def _read(self, requests: Iterator[bytes], session: AgentSession) -> None:
         assert session.merge is not None
         try:
             for data in requests:
@@ -184,7 +184,9 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close()
 
-    def _read_stripe(self, requests: Iterator[bytes], session: Session, lane: StripeLane) -> None:
+    def _read_stripe(
+        self, requests: Iterator[bytes], session: AgentSession, lane: StripeLane
+    ) -> None:
         assert session.merge is not None
         try:
             for data in requests:
@@ -207,7 +209,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         finally:
             lane.end()
 
-    def _failed(self, session: Session, exc: Exception) -> None:
+    def _failed(self, session: AgentSession, exc: Exception) -> None:
         """A bug met on one session's message: it ends with INTERNAL and one throttled
         traceback; the reader never dies silently."""
         if self._refusals.ready(f"bug:{session.key}"):
@@ -215,14 +217,14 @@ class FederationServicer(pb_grpc.FederationServicer):
         self.federation.admission.leave(session)
         session.close(grpc.StatusCode.INTERNAL, f"the coordinator failed on a message: {exc!r}")
 
-    def _refused(self, session: Session, exc: FederationError) -> None:
+    def _refused(self, session: AgentSession, exc: FederationError) -> None:
         if self._refusals.ready(session.key):  # one line per identity and interval
             log.warning("[Federation.Session] agent=%s refused: %s", session.key, exc)
         self.federation.refused(status_code(exc).name)
         self.federation.admission.leave(session)
         session.close(status_code(exc), str(exc))
 
-    def _handle(self, session: Session, message: AgentMessage | None) -> None:
+    def _handle(self, session: AgentSession, message: AgentMessage | None) -> None:
         fed = self.federation
         if isinstance(message, Hello):
             fed.admission.join(session, message)

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import grpc
 
 from skyfed.certs.identity import Identity
-from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.inbound import Inbound
 from skyfed.netinfo import CongestionControl
 from skyfed.proto import serde
 from skyfed.proto.outbox import Outbox
 from skyfed.proto.stripes import Merge
+from skyfed.status import Efficiency
 from skyfed.wire import CoordinatorMessage
 
 if TYPE_CHECKING:

@@ -28,10 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from skyfed.validate import require
-
-MATHIS_C = math.sqrt(1.5)
-"""Mathis's constant for periodic loss with delayed ACKs off (1.22)."""
+from skyfed.config.checks import check_types, require
+from skyfed.netinfo import MSS_BYTES, mathis_mbit
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,7 +68,7 @@ class StreamsConfig:
     path: no more streams. Below it, on a link without measured loss, windows or slow
     start hold the streams back (or loss not seen yet), and the policy tries the N that
     would carry the rate at the streams' goodput."""
-    mss_bytes: int = 1448
+    mss_bytes: int = MSS_BYTES
     """TCP segment payload the model assumes (1500-byte MTU, IPv4, timestamps)."""
     min_transfer_rtts: float = 8.0
     """An upload shorter than this many round trips probes no more streams: Mathis's
@@ -81,6 +79,7 @@ class StreamsConfig:
     any upload may probe."""
 
     def __post_init__(self) -> None:
+        check_types(self, "streams")
         require("streams", 1 <= self.max_streams <= 64, "max_streams", self.max_streams, "in 1..64")
         least = self.min_streams
         require(
@@ -137,26 +136,6 @@ class Decision:
     loss_pct: float = math.nan
     rate_mbit: float = math.nan
     """The link's rate the step went by (nan: not known)."""
-
-
-def mathis_mbit(rtt_ms: float, loss_pct: float, mss_bytes: int = 1448) -> float:
-    """The most one loss-based TCP stream moves at ``rtt_ms`` and ``loss_pct`` one-way
-    loss, in Mbit/s; inf without loss (a window or the path limits it, not loss), nan
-    while RTT is unknown."""
-    if not (math.isfinite(rtt_ms) and rtt_ms > 0):
-        return math.nan
-    p = loss_pct / 100 if math.isfinite(loss_pct) else 0.0
-    if p <= 0:
-        return math.inf
-    return mss_bytes * 8 / (rtt_ms / 1000) * MATHIS_C / math.sqrt(p) / 1e6
-
-
-def streams_for(goodput_mbit: float, rtt_ms: float, loss_pct: float, mss_bytes: int = 1448) -> int:
-    """Streams the model says ``goodput_mbit`` needs at this RTT and loss (at least 1)."""
-    cap = mathis_mbit(rtt_ms, loss_pct, mss_bytes)
-    if not (math.isfinite(cap) and cap > 0 and goodput_mbit > 0):
-        return 1
-    return max(1, math.ceil(goodput_mbit / cap))
 
 
 def step(

@@ -11,11 +11,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from skyfed.config.checks import require
 from skyfed.lab.netns import LabError, Namespace
 from skyfed.lab.profiles import LinkProfile
 from skyfed.lab.topology import COORDINATOR, Lab
 from skyfed.procs import terminate
-from skyfed.validate import require
 
 logger = logging.getLogger(__name__)
 

@@ -107,7 +107,7 @@ class Assembler:
         self,
         *,
         kind: int,
-        round: int,
+        round: int | None,
         num_tensors: int,
         max_chunk_bytes: int,
         max_payload_bytes: list[int],
@@ -115,8 +115,9 @@ class Assembler:
     ) -> None:
         """``memory(nbytes, codec)`` lends the buffer a payload of several chunks, of the
         codec its chunks name, is copied into (writable, not zeroed: pooled memory,
-        ``skyfed/payload_pool.py``, or a region of a file, ``coordinator/spill.py``); new
-        numpy memory without it."""
+        ``coordinator/payload_pool.py``, or a region of a file, ``coordinator/spill.py``); new
+        numpy memory without it. ``round`` None: the round of the first chunk (a weights
+        transfer's)."""
         self.kind = kind
         self.round = round
         self.num_tensors = num_tensors

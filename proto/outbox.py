@@ -86,6 +86,6 @@ def _stamped(lane: Lane[Message | Serialized]) -> Iterator[Message | Serialized]
     for position, message in lane:
         if position and isinstance(message, Serialized):
             message = numbered(message, position)  # shared: stamp a copy
-        elif position:
+        elif position and not isinstance(message, Serialized):
             message.order = position
         yield message

@@ -1,7 +1,7 @@
 """Every conversion between protobuf messages and our own objects, in one place.
 
 The rest of skyfed works on the dataclasses of ``skyfed/wire.py`` and
-``coordinator/status.py``; the servicer, the agent's link and the admin client call these
+``skyfed/status.py``; the servicer, the agent's link and the admin client call these
 at the stream. Our field names are the messages' own, so most conversions copy by name
 (:func:`_to_proto`, :func:`_from_proto`) and say only what differs.
 """
@@ -19,18 +19,18 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from skyfed.compression.monitor import Window
-from skyfed.coordinator.efficiency import Efficiency
-from skyfed.coordinator.status import (
+from skyfed.errors import ProtocolError
+from skyfed.fingerprint import TensorInfo
+from skyfed.proto import federation_pb2 as pb
+from skyfed.status import (
     AgentStatus,
+    Efficiency,
     Failover,
     ReplicaInfo,
     ReplicaSet,
     RoundStats,
     Status,
 )
-from skyfed.errors import ProtocolError
-from skyfed.fingerprint import TensorInfo
-from skyfed.proto import federation_pb2 as pb
 from skyfed.wire import (
     AgentMessage,
     Announce,
@@ -120,12 +120,6 @@ def agent_message_to_proto(m: AgentMessage) -> pb.AgentMessage:
     if isinstance(m, Leave):
         return pb.AgentMessage(leave=_to_proto(pb.Leave, m))
     return pb.AgentMessage(hello=_to_proto(pb.Hello, m, tensors=specs_to_proto(m.tensors)))
-
-
-def agent_message_from_bytes(data: bytes) -> AgentMessage | None:
-    """Parse what an agent sent (the servicer receives raw bytes): ProtocolError, hence
-    INVALID_ARGUMENT, for bytes that are no ``AgentMessage`` or a field out of bounds."""
-    return agent_message_from_proto(parse(pb.AgentMessage, data))
 
 
 def parse(message: type[Message], data: bytes) -> Any:
@@ -308,7 +302,7 @@ class Serialized:
     Its bytes are ``parts`` in order. A broadcast chunk's parts are its header, a view of
     the pooled payload's memory and its crc32, joined only when a session's sender asks
     for :attr:`data` (docs/scale.md, Streams): the queue then holds the payload's own
-    memory (``skyfed/payload_pool.py``, which lends it again only once no queued chunk
+    memory (``coordinator/payload_pool.py``, which lends it again only once no queued chunk
     refers to it), not a copy of every chunk in new memory, for one short-lived 1 MiB
     copy per session and chunk.
     """
@@ -326,10 +320,6 @@ class Serialized:
     def size(self) -> int:
         """How many bytes :attr:`data` holds, without joining them."""
         return sum(len(p) for p in self.parts)
-
-
-def serialized(m: pb.CoordinatorMessage) -> Serialized:
-    return Serialized((m.SerializeToString(),), m.WhichOneof("body") or "")
 
 
 # ---- chunks, serialized without a message --------------------------------------------------

@@ -216,7 +216,7 @@ def check_federation(device: str) -> str:
     with tempfile.TemporaryDirectory() as tmp, children(Path(tmp) / "logs") as kids:
         work = Path(tmp)
         pki = make_federation(work / "certs")
-        config = CoordinatorConfig(
+        config = CoordinatorConfig.from_flat(
             listen="127.0.0.1:0", certs=pki.directory, codec="fp16", rounds=ROUNDS,
             min_agents=2, quorum=2, task=TASK,
         )  # fmt: skip

@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from skyfed.compression import codec_names
+from skyfed.config.flags import config_options
+from skyfed.config.load import load_config
+from skyfed.demo import DemoConfig
 from skyfed.logs import setup_logging
-from skyfed.wire import EXCHANGES
 
 
 @click.group()
@@ -19,38 +20,15 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--rounds", type=int, default=30, show_default=True)
-@click.option("--local-steps", type=int, default=4, show_default=True)
-@click.option(
-    "--codec",
-    default="auto",
-    show_default=True,
-    help=f"auto (the link policy), {', '.join(codec_names())}",
-)
-@click.option(
-    "--exchange",
-    type=click.Choice(EXCHANGES),
-    default="delta",
-    show_default=True,
-    help="delta: pseudo-gradient of local steps; gradient: DGC's momentum-corrected step.",
-)
-@click.option(
-    "--workdir", type=click.Path(path_type=Path), help="Keep certs, logs and reports here."
-)
-def demo(rounds: int, local_steps: int, codec: str, exchange: str, workdir: Path | None) -> None:
+@config_options(DemoConfig)
+def demo(**flags: object) -> None:
     """A coordinator and three agents (aws, gcp, azure) on this host, over real mTLS."""
-    from skyfed.demo import DemoConfig, run_demo, summary_table
+    from skyfed.demo import run_demo, summary_table
 
     setup_logging("WARNING")
     console = Console()
     try:
-        config = DemoConfig(
-            rounds=rounds,
-            local_steps=local_steps,
-            codec=codec,
-            exchange=exchange,
-            workdir=workdir,
-        )
+        config = load_config(DemoConfig, component="demo", path=None, flags=flags)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     result = run_demo(config, console)

@@ -18,15 +18,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from skyfed.certs.testing import make_federation
+from skyfed.config.checks import check_types, require
 from skyfed.coordinator.admin import agents_table, fetch_status
 from skyfed.coordinator.admin import summary_table as run_summary
 from skyfed.coordinator.snapshot import to_data
-from skyfed.coordinator.status import Status
 from skyfed.procs import Children, children, command, wait_for_file
 from skyfed.proto import serde
-from skyfed.report import make_report
-from skyfed.validate import require
-from skyfed.wire import EXCHANGES
+from skyfed.status import Status
+from skyfed.wire import ExchangeKind
 
 CLOUDS = ("aws", "gcp", "azure")
 
@@ -40,8 +39,8 @@ class DemoConfig:
     local_steps: int = 4
     """Local optimizer steps per round at each agent."""
     codec: str = "auto"
-    """Link codec: ``auto`` lets the bandwidth monitor's policy pick per link."""
-    exchange: str = "delta"
+    """Link codec: ``auto`` lets the link policy pick per link; a codec's name fixes it."""
+    exchange: ExchangeKind = "delta"
     """What rounds carry: ``delta`` (local steps' pseudo-gradient) or ``gradient`` (DGC)."""
     workdir: Path | None = None
     """Where certificates, logs, checkpoints and reports go (default: a temporary dir)."""
@@ -49,9 +48,9 @@ class DemoConfig:
     """Give up if the run takes longer than this."""
 
     def __post_init__(self) -> None:
+        check_types(self, "demo")
         require("demo", self.rounds >= 1, "rounds", self.rounds, ">= 1")
         require("demo", self.local_steps >= 1, "local_steps", self.local_steps, ">= 1")
-        require("demo", self.exchange in EXCHANGES, "exchange", self.exchange, f"in {EXCHANGES}")
 
 
 @dataclass(slots=True)
@@ -107,6 +106,8 @@ def _run(config: DemoConfig, work: Path, console: Console, run_dir: Path) -> Dem
         if (work / f"{c}.json").exists()
     }
     result = DemoResult(status, reports)
+    from skyfed.report import make_report  # matplotlib: loaded for the run's end only
+
     result.report = make_report(run_dir)
     return result
 

@@ -31,8 +31,6 @@ FAILOVER_PHASES = ("upload", "mean", "release", "broadcast", "idle")
 during the uploads, during the mean, after the mean and before any agent has the round's
 end (``release``: the standbys hold it), during the round's ends going out, and idle (a
 round just opened, nothing staged)."""
-CORRUPTIONS = ("drift",)
-"""What an agent can be made to corrupt: ``drift``, its weights after a round's aggregate."""
 
 _file_cache: tuple[float, str | None] = (0.0, None)
 _fired: set[str] = set()

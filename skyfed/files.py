@@ -1,10 +1,12 @@
-"""Writing a file atomically and durably: whole or absent after a crash at any instant."""
+"""Writing a file atomically and durably (whole or absent after a crash at any instant), and
+rewriting a generated page or checking that it is fresh."""
 
 from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -59,3 +61,17 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def regenerate(path: Path, fresh: str, command: str, argv: Sequence[str]) -> int:
+    """The ``main`` of a generated page (a reference, the results index): write ``fresh`` to
+    ``path``; with ``--check`` in ``argv``, write nothing and exit 1 when ``path`` differs,
+    saying which ``command`` makes it fresh."""
+    if "--check" in argv:
+        if not path.exists() or path.read_text() != fresh:
+            print(f"{path} is stale: run {command}", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(fresh)
+    print(f"wrote {path}")
+    return 0

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from skyfed.agent.script import ScriptSite
-from skyfed.validate import valid_metrics
+from skyfed.wire import valid_metrics
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,8 @@ UNBOUNDED_NOTSENT = 1 << 20
 """Above this many bytes the bound does not bound anything a striped transfer notices."""
 MSS_BYTES = 1448
 """A TCP segment's payload at MTU 1500 with timestamps, for Mathis's formula."""
+MATHIS_C = math.sqrt(1.5)
+"""Mathis's constant for periodic loss with delayed ACKs off (1.22)."""
 CAPPED_BELOW = 0.25
 """Warn when one loss-based stream's Mathis rate is below this share of the link's rate."""
 LOSS_BASED = frozenset({"reno", "cubic", "htcp", "bic", "highspeed", "scalable", "westwood"})
@@ -102,11 +104,15 @@ def _host_default() -> CongestionControl:
 
 
 def mathis_mbit(rtt_ms: float, loss_pct: float, mss_bytes: int = MSS_BYTES) -> float:
-    """Mathis et al.'s ceiling of one loss-based TCP stream: MSS / RTT x 1.22 / sqrt(p), Mbit/s
-    (infinite without loss or without a round trip)."""
-    if loss_pct <= 0 or rtt_ms <= 0:
-        return float("inf")
-    return mss_bytes * 8 / (rtt_ms / 1000) * 1.22 / math.sqrt(loss_pct / 100) / 1e6
+    """The most one loss-based TCP stream moves at ``rtt_ms`` and ``loss_pct`` one-way
+    loss, in Mbit/s (Mathis et al.: MSS / RTT x C / sqrt(p)); inf without loss (a window
+    or the path limits it, not loss), nan while RTT is unknown."""
+    if not (math.isfinite(rtt_ms) and rtt_ms > 0):
+        return math.nan
+    p = loss_pct / 100 if math.isfinite(loss_pct) else 0.0
+    if p <= 0:
+        return math.inf
+    return mss_bytes * 8 / (rtt_ms / 1000) * MATHIS_C / math.sqrt(p) / 1e6
 
 
 def loss_cap_warning(
@@ -116,8 +122,8 @@ def loss_cap_warning(
     stream far below the link's measured rate, or None. The link monitor calls it with its
     figures (``rate_mbit``: measured goodput or capacity; docs/wan.md)."""
     cap = mathis_mbit(rtt_ms, loss_pct)
-    if not cc.loss_based or rate_mbit <= 0 or cap >= CAPPED_BELOW * rate_mbit:
-        return None
+    if not cc.loss_based or rate_mbit <= 0 or not cap < CAPPED_BELOW * rate_mbit:
+        return None  # also without a round trip: the cap is then unknown (nan)
     return (
         f"{cc.name} (from the {cc.source}) on a link with {loss_pct:.2g} % loss at {rtt_ms:.0f} ms "
         f"holds one stream to about {cap:.1f} Mbit/s of {rate_mbit:.0f}: give the hosts BBR "

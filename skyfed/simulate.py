@@ -179,10 +179,6 @@ class Simulation:
             if site.digest() != self.model.weights_digest:
                 site.load(self.model.weights_payloads())
 
-    @property
-    def round_number(self) -> int:
-        return self.model.round
-
     def round(self, *, keep: bool = False) -> RoundResult:
         """Every site's local phase and contribution, the close, every site's apply (with
         overlap: the previous round's apply, after the local phase). ``keep``: the

@@ -8,19 +8,19 @@ coordinator's servicer and the agent's link touch protobuf. Field meanings are t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 from skyfed.compression.frame import VERSION as FRAME_VERSION
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
-from skyfed.validate import is_text, is_token, metrics_problem
 
-EXCHANGES = ("delta", "gradient")
+ExchangeKind = Literal["delta", "gradient"]
 """What a contribution can be (Hello.exchanges, Welcome.exchange): the change over local
 optimizer steps, or a momentum-corrected gradient step (skyfed.agent.momentum)."""
+EXCHANGES: tuple[str, ...] = get_args(ExchangeKind)
 
 ShardCoords = tuple[int, int, int] | None
 """A shard is (dim, offset, length) along one dimension of a logical tensor; None is whole."""
@@ -162,7 +162,7 @@ class Announce:
     """The agent's last exchange, as it timed it (efficiency only)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Named metrics the site reported since its last contribution (``skyfed.Site.report``;
-    bounded by ``skyfed.validate.metrics_problem``)."""
+    bounded by :func:`metrics_problem`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +260,74 @@ class WeightsEnd:
 
 
 CoordinatorMessage = Welcome | Chunk | Receipt | RoundEnd | WeightsEnd | Heartbeat
+
+
+# ---- strings from a peer: which are accepted, and how a log line shows them ----------------
+
+
+def is_token(text: str) -> bool:
+    """A name, codec, digest or URI as a peer may send it: printable, with no space. No
+    newline, tab, ESC or bidi control can reach a log line or a terminal through one."""
+    return text.isprintable() and " " not in text
+
+
+def is_text(text: str) -> bool:
+    """Free text a peer may send (a task reference, a refusal's reason): printable,
+    spaces allowed, no control character."""
+    return text.isprintable()
+
+
+def printable(text: str) -> str:
+    """``text`` as a log line may show it: any control character escaped (``\\n``,
+    ``\\x1b``), so a string from a peer cannot forge or colour a line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+# ---- named metrics: what a site's report or an evaluation may carry -------------------------
+
+MAX_METRICS = 16
+"""Named metrics one report may carry: a site's (``skyfed.Site.report``) or an evaluation's."""
+MAX_METRIC_NAME = 64
+"""Characters of a metric's name."""
+METRIC_BOUND = 1e30
+"""A metric's value is finite and within this magnitude."""
+
+
+def metrics_problem(metrics: Mapping[str, float]) -> str | None:
+    """Why ``metrics`` cannot travel or be shown (too many, a name that is not a short
+    printable token, a value that is not a finite number), or None: the one rule for a
+    site's reports, an evaluation's results and the wire (docs/own-loop.md)."""
+    if len(metrics) > MAX_METRICS:
+        return f"{len(metrics)} metrics, at most {MAX_METRICS}"
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_METRIC_NAME:
+            return f"metric name {str(name)[:80]!r} must be 1..{MAX_METRIC_NAME} characters"
+        if not is_token(name):
+            return f"metric name {printable(name)!r} must be printable with no space"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"metric {name!r} is a {type(value).__name__}, not a number"
+        if not (math.isfinite(value) and abs(value) <= METRIC_BOUND):
+            return f"metric {name!r} = {value!r} must be finite, within +-{METRIC_BOUND:g}"
+    return None
+
+
+def valid_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], list[str]]:
+    """The entries of ``metrics`` that may travel (the first ``MAX_METRICS`` that keep
+    :func:`metrics_problem`'s rules), and why each other one was left out."""
+    kept: dict[str, float] = {}
+    dropped: list[str] = []
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            dropped.append(f"metric {str(name)[:80]!r} is a {type(value).__name__}, not a number")
+            continue
+        problem = metrics_problem({name: float(value)})
+        if problem is None and len(kept) == MAX_METRICS:
+            problem = f"metric {name!r}: more than {MAX_METRICS} metrics"
+        if problem is not None:
+            dropped.append(problem)
+            continue
+        kept[name] = float(value)
+    return kept, dropped
 
 
 # ---- coordinator replicas: a standby following the leader (docs/failover.md) ---------------

@@ -66,7 +66,7 @@ def _torch_style(kind: str, layouts: dict[str, str]) -> Any:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    options = {}
+    options: dict[str, Any] = {}
     if layouts.get("output") == "replicate":
         options["output_layouts"] = Replicate()
     if layouts.get("input") == "replicate":

@@ -51,7 +51,7 @@ def serve(pki: CertificateAuthority) -> Iterator[Callable[..., Running]]:
         def start(**overrides: object) -> Running:
             options = {"listen": "127.0.0.1:0", "certs": pki.directory, "codec": "fp32"}
             options.update(overrides)
-            return stack.enter_context(run_server(CoordinatorConfig(**options)))
+            return stack.enter_context(run_server(CoordinatorConfig.from_flat(**options)))
 
         yield start
 

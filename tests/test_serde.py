@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from skyfed.compression.monitor import Window
-from skyfed.coordinator.status import AgentStatus, RoundStats, Status
 from skyfed.errors import ProtocolError
 from skyfed.fingerprint import TensorInfo
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
+from skyfed.status import AgentStatus, RoundStats, Status
 from skyfed.wire import (
     MAX_LOCAL_STEPS,
     Announce,
@@ -107,7 +107,7 @@ def test_a_message_serialized_once_is_numbered_per_session_without_changing_it()
         data=b"\x01\x02",
         crc32=9,
     )
-    shared = serde.serialized(serde.coordinator_message_to_proto(chunk))
+    shared = serde.serialized_chunk(chunk)
     assert shared.body == "chunk" and serde.wire_size(shared) == len(shared.data)
     numbered = serde.numbered(shared, 41)
     parsed = pb.CoordinatorMessage.FromString(serde.coordinator_message_bytes(numbered))
@@ -164,7 +164,8 @@ def test_a_chunk_serialized_without_a_message_is_protobufs_bytes(chunk: Chunk) -
     assert coordinator.data == serde.coordinator_message_to_proto(chunk).SerializeToString()
     agent = serde.serialized_agent_chunk(chunk)
     assert agent.data == serde.agent_message_to_proto(chunk).SerializeToString()
-    assert serde.agent_message_from_bytes(serde.agent_message_bytes(agent)) == chunk
+    parsed = serde.parse(pb.AgentMessage, serde.agent_message_bytes(agent))
+    assert serde.agent_message_from_proto(parsed) == chunk
 
 
 @pytest.mark.parametrize("chunk", _chunks())

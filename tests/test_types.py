@@ -1,4 +1,4 @@
-"""The public API type-checks with the pinned mypy, as CONTRIBUTING asks.
+"""The whole package type-checks with the pinned mypy (``-p skyfed``), as CONTRIBUTING asks.
 
 The package installs from folders named for their part (``compression/`` is
 ``skyfed.compression``, pyproject's ``package-dir``), which mypy cannot map by itself: the
@@ -32,7 +32,7 @@ def installed_layout(into: Path) -> Path:
     return into
 
 
-def test_public_api_type_checks(tmp_path):
+def test_the_whole_package_type_checks(tmp_path):
     tree = installed_layout(tmp_path)
     config = ROOT / "pyproject.toml"
     result = subprocess.run(

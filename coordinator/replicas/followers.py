@@ -33,7 +33,6 @@ import grpc
 from skyfed.certs.identity import replica_name
 from skyfed.compression import make_codec
 from skyfed.coordinator.checkpoint import section_digest
-from skyfed.coordinator.status import ReplicaInfo
 from skyfed.coordinator.status_codes import abort
 from skyfed.errors import (
     FederationError,
@@ -45,6 +44,7 @@ from skyfed.errors import (
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
+from skyfed.status import ReplicaInfo
 from skyfed.wire import (
     ChunkKind,
     Following,
@@ -464,7 +464,7 @@ def serve_replicate(
                 f"hello names replica {hello.replica!r} but the certificate is {identity.uri}"
             )
         stream = FollowerStream(
-            hello.replica, context.peer(), followers.term, fed.config.max_chunk_bytes
+            hello.replica, context.peer(), followers.term, fed.config.transport.max_chunk_bytes
         )
         with fed.cond:
             followers.attach(stream, hello)

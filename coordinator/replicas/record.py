@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from skyfed.coordinator.replicas.election import Elector
 from skyfed.coordinator.replicas.etcd import Etcd, EtcdError, EtcdUnavailable
-from skyfed.coordinator.status import Failover
+from skyfed.status import Failover
 
 log = logging.getLogger(__name__)
 

@@ -90,9 +90,8 @@ class Replay:
         """Monotonic time of the last message from the leader it follows: a frozen or
         partitioned leader's stream goes silent, not closed."""
         self._want_snapshot = False
-        self._writer = (
-            CheckpointWriter(config.checkpoint_dir) if config.checkpoint_dir is not None else None
-        )
+        directory = config.checkpoints.checkpoint_dir
+        self._writer = CheckpointWriter(directory) if directory is not None else None
         self._max_payload = max_payload_bytes(model.spec)
         self._stop = threading.Event()
         self._call: grpc.Call | None = None
@@ -366,22 +365,23 @@ class Replay:
     def _assembler(self, kind: int, round_: int | None) -> Assembler:
         return Assembler(
             kind=kind,
-            round=round_,  # type: ignore[arg-type]  # a snapshot's: set by its first chunk
+            round=round_,  # a snapshot's: set by its first chunk
             num_tensors=len(self.model.spec),
-            max_chunk_bytes=self.config.max_chunk_bytes,
+            max_chunk_bytes=self.config.transport.max_chunk_bytes,
             max_payload_bytes=self._max_payload,
         )
 
 
 def _channel(config: CoordinatorConfig, address: str) -> grpc.Channel:
     """A channel to the leader under this replica's own coordinator certificate."""
-    assert config.ca and config.cert and config.key  # checked by CoordinatorConfig
+    transport = config.transport
+    assert transport.ca and transport.cert and transport.key  # checked by CoordinatorConfig
     creds = grpc.ssl_channel_credentials(
-        root_certificates=config.ca.read_bytes(),
-        private_key=config.key.read_bytes(),
-        certificate_chain=config.cert.read_bytes(),
+        root_certificates=transport.ca.read_bytes(),
+        private_key=transport.key.read_bytes(),
+        certificate_chain=transport.cert.read_bytes(),
     )
-    limit = config.max_chunk_bytes + ENVELOPE_BYTES
+    limit = transport.max_chunk_bytes + ENVELOPE_BYTES
     options = [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),

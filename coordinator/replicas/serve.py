@@ -46,16 +46,16 @@ Outcome = Literal["stopped", "deposed", "done", "failed"]
 
 
 def serve_replica(config: CoordinatorConfig, stop: threading.Event) -> int:
-    """Serve as replica ``config.replica`` until ``stop``, or the federation is done (0) or
+    """Serve as replica ``config.replicas.replica`` until ``stop``, or the federation is done (0) or
     its round driver failed (1)."""
     etcd = connect(config)
-    record = Record(etcd, config.etcd_prefix, config.replica)
+    record = Record(etcd, config.replicas.etcd_prefix, config.replicas.replica)
     elector = Elector(
         etcd,
-        prefix=config.etcd_prefix,
-        replica=config.replica,
+        prefix=config.replicas.etcd_prefix,
+        replica=config.replicas.replica,
         address="",  # known once the port is bound
-        ttl_s=config.lease_ttl_s,
+        ttl_s=config.replicas.lease_ttl_s,
     )
     life = _Life(config, etcd, record, elector, Standing(elector, record))
     model = initial_model(config)
@@ -88,7 +88,7 @@ class _Life:
     standing: Standing
 
     def __post_init__(self) -> None:
-        self.listen = self.config.listen
+        self.listen = self.config.transport.listen
 
     def stand_by(self, model: Model, stop: threading.Event) -> tuple[Model, Replay | None]:
         """Replay the leader's rounds on ``model`` until elected (the replay, which says
@@ -106,7 +106,7 @@ class _Life:
             self.listen = f"{self.listen.rpartition(':')[0]}:{port}"  # one port, every role
             replay.start()
             if not elector.address:
-                elector.address = config.advertise or _advertised(self.listen)
+                elector.address = config.replicas.advertise or _advertised(self.listen)
                 elector.start()
             elected = elector.wait_leading(stop)
             model = replay.stop()  # a round close in progress finishes first
@@ -119,11 +119,12 @@ class _Life:
         config, elector, record = self.config, self.elector, self.record
         followers = Followers(
             elector.term or 0,
-            config.replica_ack_timeout_s,
+            config.replicas.replica_ack_timeout_s,
             lambda round_, digest: record.release(elector, round_, digest),
         )
         self.standing.followers = followers
-        served = dataclasses.replace(config, listen=self.listen)
+        bound = dataclasses.replace(config.transport, listen=self.listen)
+        served = dataclasses.replace(config, transport=bound)
         with run_server(served, self.standing, model=model, replication=followers) as running:
             _took_over(running, record, elector, replay)
             outcome = _lead(running, elector, stop)
@@ -168,9 +169,13 @@ def _kept(running: Running, config: CoordinatorConfig) -> Model:
 
 def connect(config: CoordinatorConfig) -> Etcd:
     """The etcd cluster of ``config``; over https the replica's own certificate."""
-    assert config.cert and config.key  # checked by CoordinatorConfig
-    tls = None if config.etcd_ca is None else TlsFiles(config.etcd_ca, config.cert, config.key)
-    return Etcd(parse_endpoints(config.etcd), tls=tls, timeout_s=ETCD_TIMEOUT_S)
+    assert config.transport.cert and config.transport.key  # checked by CoordinatorConfig
+    tls = (
+        None
+        if config.replicas.etcd_ca is None
+        else TlsFiles(config.replicas.etcd_ca, config.transport.cert, config.transport.key)
+    )
+    return Etcd(parse_endpoints(config.replicas.etcd), tls=tls, timeout_s=ETCD_TIMEOUT_S)
 
 
 def _lead(running: Running, elector: Elector, stop: threading.Event) -> Outcome:
@@ -191,7 +196,7 @@ def _lead(running: Running, elector: Elector, stop: threading.Event) -> Outcome:
 
 
 def _finished_key(config: CoordinatorConfig) -> bytes:
-    return f"{config.etcd_prefix}/finished".encode()
+    return f"{config.replicas.etcd_prefix}/finished".encode()
 
 
 def _finished(etcd: Etcd, config: CoordinatorConfig) -> bool:
@@ -210,7 +215,7 @@ def _mark_finished(etcd: Etcd, config: CoordinatorConfig, running: Running) -> N
     """Tell the standbys the run is over, so none starts it again when this one resigns."""
     with running.federation.cond:
         last = running.federation.model.round - 1
-    value = json.dumps({"round": last, "replica": config.replica}).encode()
+    value = json.dumps({"round": last, "replica": config.replicas.replica}).encode()
     with contextlib.suppress(EtcdUnavailable, EtcdError):
         etcd.put(_finished_key(config), value)
 
@@ -220,7 +225,7 @@ def _standby_probes(config: CoordinatorConfig, standing: Standing):  # noqa: ANN
     """``/healthz`` alive, ``/readyz`` 503 on a standby's metrics port (a Kubernetes
     Service sends agents to the ready replica, the leader), and ``/metrics`` with the
     replicas' families."""
-    if not config.metrics_listen:
+    if not config.metrics.metrics_listen:
         yield
         return
     from prometheus_client.registry import CollectorRegistry
@@ -228,13 +233,14 @@ def _standby_probes(config: CoordinatorConfig, standing: Standing):  # noqa: ANN
     from skyfed.metrics.coordinator import ReplicaCollector
 
     def ready() -> tuple[bool, str]:
-        return False, f"replica {config.replica} is a standby"
+        return False, f"replica {config.replicas.replica} is a standby"
 
     registry = CollectorRegistry()
     registry.register(
         ReplicaCollector(lambda: {"replicas": dataclasses.asdict(standing.replica_set())})
     )
-    server = MetricsServer(config.metrics_listen, registry, ready, public=config.metrics_public)
+    metrics = config.metrics
+    server = MetricsServer(metrics.metrics_listen, registry, ready, public=metrics.metrics_public)
     try:
         yield
     finally:

@@ -27,11 +27,11 @@ from skyfed.coordinator.replicas.record import Record
 from skyfed.coordinator.replicas.replay import Replay
 from skyfed.coordinator.security import PeerAuthenticator, RotatingServerCredentials
 from skyfed.coordinator.server import ENVELOPE_BYTES
-from skyfed.coordinator.status import ReplicaInfo, ReplicaSet, Status
 from skyfed.coordinator.status_codes import abort
 from skyfed.errors import FederationError, NotLeaderError
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
+from skyfed.status import ReplicaInfo, ReplicaSet, Status
 
 log = logging.getLogger(__name__)
 
@@ -166,21 +166,22 @@ class StandbyServicer:
 def standby_server(config: CoordinatorConfig, listen: str, standing: Standing) -> Iterator[int]:
     """The standby's gRPC port on ``listen`` (mTLS, as the leader's), until the block
     exits; yields the bound port."""
-    assert config.cert and config.key and config.ca  # checked by CoordinatorConfig
-    creds = RotatingServerCredentials(config.cert, config.key, config.ca).credentials()
-    auth = PeerAuthenticator(config.crl, config.ca)
+    transport = config.transport
+    assert transport.cert and transport.key and transport.ca  # checked by CoordinatorConfig
+    creds = RotatingServerCredentials(transport.cert, transport.key, transport.ca).credentials()
+    auth = PeerAuthenticator(transport.crl, transport.ca)
     # The leader's guard and bounds: every call identified and counted per identity, its
     # first message owed within hello_timeout_s, so one certificate's silent calls cannot
     # hold the standby's workers (and its answer naming the leader) from everyone else.
     per_identity = calls_allowed(
-        config.max_streams_per_identity, config.streams.max_streams, WORKERS
+        transport.max_streams_per_identity, config.streams.max_streams, WORKERS
     )
     guard = CallGuard(
         auth,
-        CallLimits(per_identity, sessions=config.max_streams_per_identity),
-        config.hello_timeout_s,
+        CallLimits(per_identity, sessions=transport.max_streams_per_identity),
+        transport.hello_timeout_s,
     )
-    limit = config.max_chunk_bytes + ENVELOPE_BYTES
+    limit = transport.max_chunk_bytes + ENVELOPE_BYTES
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=WORKERS + 4, thread_name_prefix="standby"),
         options=[

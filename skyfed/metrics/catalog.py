@@ -93,8 +93,6 @@ METRICS: tuple[Metric, ...] = (
     _a("skyfed_agent_gpu_power_watts", GAUGE, "GPU power draw (NVML).", "rank", "host", "gpu"),
 )  # fmt: skip
 
-BY_NAME = {m.name: m for m in METRICS}
-
 
 def of_role(role: str) -> tuple[Metric, ...]:
     return tuple(m for m in METRICS if m.role == role)

@@ -2,7 +2,7 @@
 itself makes no metric calls.
 
 The snapshot is the status as plain data (``skyfed.coordinator.snapshot``: the fields of
-``coordinator/status.py`` by name) plus ``task``; an agent entry carries its session's
+``skyfed/status.py`` by name) plus ``task``; an agent entry carries its session's
 ``streams`` and, once its agent timed an exchange, its latest ``efficiency`` (exchange
 against the link's floor, docs/striping.md). A missing field leaves its metric without
 samples.

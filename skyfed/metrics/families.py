@@ -23,13 +23,17 @@ class Families:
         self._families: dict[str, Metric] = {m.name: _family(m) for m in of_role(role)}
 
     def add(self, name: str, value: float, *labels: str) -> None:
-        self._families[name].add_metric(list(labels), value)
+        family = self._families[name]
+        assert isinstance(family, CounterMetricFamily | GaugeMetricFamily), name
+        family.add_metric(list(labels), value)
 
     def histogram(
         self, name: str, buckets: Sequence[tuple[str, float]], sum_s: float, *labels: str
     ) -> None:
         """Cumulative ``(upper bound, count)`` pairs ending with ``("+Inf", total)``."""
-        self._families[name].add_metric(list(labels), list(buckets), sum_s)
+        family = self._families[name]
+        assert isinstance(family, HistogramMetricFamily), name
+        family.add_metric(list(labels), list(buckets), sum_s)
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())

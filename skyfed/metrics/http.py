@@ -43,16 +43,25 @@ Readiness = Callable[[], tuple[bool, str]]
 
 def parse_listen(address: str, *, public: bool = False) -> tuple[str, int]:
     """``HOST:PORT`` to bind; a non-loopback host is refused unless ``public``."""
+    problem = listen_problem(address, public=public)
+    if problem:
+        raise ValueError(f"metrics_listen={address!r} must be {problem}")
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def listen_problem(address: str, *, public: bool = False) -> str:
+    """What ``address`` must be and is not, as the metrics port to bind ("": nothing)."""
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"metrics_listen={address!r} must be HOST:PORT")
+        return "HOST:PORT"
     if not public and not _loopback(host):
-        raise ValueError(
-            f"metrics_listen={address!r} is not a loopback address; the metrics port is "
-            "plain HTTP outside mTLS: pass metrics_public (--metrics-public) to expose it"
+        return (
+            "a loopback address: the metrics port is plain HTTP outside mTLS, and "
+            "metrics_public (--metrics-public) exposes it"
         )
-    return host, int(port)
+    return ""
 
 
 def _loopback(host: str) -> bool:

@@ -1,5 +1,6 @@
 """The metrics and dashboard tables of docs/operations.md, generated from the catalog and
-``deploy/grafana/skyfed.json``: ``python -m skyfed.metrics.reference`` rewrites them."""
+``deploy/grafana/skyfed.json``: ``python -m skyfed.metrics.reference`` rewrites them
+(``--check``: exits 1 when they are stale)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from skyfed.files import regenerate
 from skyfed.metrics.catalog import METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,11 +49,9 @@ def render(page: str) -> str:
     return page
 
 
-def main() -> int:
-    PAGE.write_text(render(PAGE.read_text()))
-    print(PAGE)
-    return 0
+def main(argv: list[str]) -> int:
+    return regenerate(PAGE, render(PAGE.read_text()), "python -m skyfed.metrics.reference", argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

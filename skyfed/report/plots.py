@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -16,7 +17,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # noqa: E4
 from skyfed.compression import capabilities  # noqa: E402
 from skyfed.report.data import RunData  # noqa: E402
 
-STYLE = {
+STYLE: dict[Any, Any] = {  # matplotlib types its keys as a Literal of every rc name
     "font.size": 8,
     "axes.titlesize": 9,
     "axes.labelsize": 8,
@@ -62,7 +63,7 @@ def all_plots(data: RunData, out: Path) -> dict[str, Path]:
     return paths
 
 
-def series_style(i: int, n: int) -> dict[str, object]:
+def series_style(i: int, n: int) -> dict[str, Any]:
     """How the ``i``-th of ``n`` series on one axes is drawn, so that series that coincide
     (links on one codec carry the same bytes) all stay visible: each has its own colour,
     dash and marker; earlier series are drawn wider and lower, so a later one runs inside

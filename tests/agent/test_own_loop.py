@@ -302,7 +302,7 @@ def test_a_sites_gpu_summary_rides_on_its_contributions_beside_the_scripts_metri
 def test_a_sites_gpu_summary_gives_way_to_the_scripts_own_metrics():
     from skyfed.agent.gpus import GpuBoard, GpuReading
     from skyfed.coordinator.inbound import latest_metrics
-    from skyfed.validate import MAX_METRICS
+    from skyfed.wire import MAX_METRICS
 
     board = GpuBoard()
     assert board.summary() == {}  # a CPU site sends none

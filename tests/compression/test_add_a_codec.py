@@ -30,7 +30,7 @@ from skyfed.compression.frame import PayloadBuffer
 from skyfed.compression.monitor import LinkStats
 from skyfed.compression.policy import PolicyConfig, PolicyState, heaviest, step
 from skyfed.coordinator.aggregate import RoundAggregate
-from skyfed.coordinator.downlink import Downlink, from_list
+from skyfed.coordinator.downlink import Downlink
 from skyfed.fingerprint import TensorInfo
 from skyfed.report.plots import codec_style
 from tests.compression import (
@@ -43,6 +43,7 @@ from tests.compression import (
     test_payload_buffer,
 )
 from tests.coordinator import test_aggregate, test_spill
+from tests.coordinator.test_downlink import from_list
 
 _SCALE = struct.Struct("<f")
 

@@ -7,12 +7,16 @@ import torch
 from skyfed.compression import decode_payload, make_codec, policy, rounding_seed
 from skyfed.compression.feedback import ErrorFeedback
 from skyfed.compression.policy import PolicyConfig
-from skyfed.coordinator.downlink import SENDER, Downlink, from_list
+from skyfed.coordinator.downlink import SENDER, Downlink, Update
 from skyfed.coordinator.links import CodecRun
 from skyfed.fingerprint import TensorInfo
 
 SPEC = [TensorInfo("w", (64, 32), "float32"), TensorInfo("b", (64,), "float32")]
 SEED = 7
+
+
+def from_list(updates: list[torch.Tensor]) -> Update:
+    return lambda i, out: out.copy_(updates[i])
 
 
 def updates(round_: int) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ def mode(path) -> int:
 
 
 def test_checkpoints_export_status_and_history_are_private(pki, tmp_path):
-    config = CoordinatorConfig(
+    config = CoordinatorConfig.from_flat(
         listen="127.0.0.1:0",
         certs=pki.directory,
         codec="fp32",

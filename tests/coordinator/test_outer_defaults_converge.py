@@ -33,7 +33,8 @@ def one_thread():
 
 def config(**options: object) -> CoordinatorConfig:
     """A coordinator's configuration at its defaults (no certificates are read here)."""
-    return CoordinatorConfig(ca=Path("ca.crt"), cert=Path("c.crt"), key=Path("c.key"), **options)
+    paths = {"ca": Path("ca.crt"), "cert": Path("c.crt"), "key": Path("c.key")}
+    return CoordinatorConfig.from_flat(**paths, **options)
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ def test_a_bad_outer_option_names_itself(kind, lr, momentum, named):
 def rounds_through_a_coordinator(pki, ckpt, first: int, count: int) -> list[torch.Tensor]:
     """Serve a Nesterov federation (real mTLS gRPC, checkpoints in ``ckpt``) for rounds
     ``first .. first + count - 1`` of one agent's fixed contributions; its final weights."""
-    config = CoordinatorConfig(
+    config = CoordinatorConfig.from_flat(
         listen="127.0.0.1:0",
         certs=pki.directory,
         codec="fp32",

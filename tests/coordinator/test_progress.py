@@ -6,14 +6,13 @@ import dataclasses
 import json
 
 from skyfed.coordinator.config import CoordinatorConfig
-from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.history import RunHistory, read, rounds
 from skyfed.coordinator.observe import Observer
 from skyfed.coordinator.progress import headline
 from skyfed.coordinator.server import build_federation
 from skyfed.coordinator.snapshot import waiting_for
-from skyfed.coordinator.status import RoundStats
+from skyfed.status import Efficiency, RoundStats
 
 
 def snap(**fields) -> dict:
@@ -110,7 +109,7 @@ def test_a_rounds_links_timed_later_come_as_a_timing_line_folded_into_it(tmp_pat
 def test_rounds_jsonl_holds_one_line_per_closed_round(tmp_path, pki):
     """Links timed after their round's line add a timing line, never the round again, so
     summing the round lines' bytes counts every byte once."""
-    config = CoordinatorConfig(certs=pki.directory, run_dir=tmp_path, eval_every=0)
+    config = CoordinatorConfig.from_flat(certs=pki.directory, run_dir=tmp_path, eval_every=0)
     federation = build_federation(config)
     observer = Observer(federation, config)
     for r in range(3):

@@ -165,16 +165,18 @@ def test_lossless_broadcast_after_a_lossy_one_sends_what_the_coordinator_held_ba
 
 
 def test_quorum_is_a_minimum_even_when_every_member_has_contributed(serve, raw_agent):
-    running = serve(min_agents=1, quorum=2, round_deadline_s=0.2)
-    aws = raw_agent(running.port, "aws-1")
-    join(aws, "aws", "aws-1")
+    running = serve(min_agents=2, quorum=2, round_deadline_s=0.2)
+    aws, leaves = raw_agent(running.port, "aws-1"), raw_agent(running.port, "gcp-1")
+    join(aws, "aws", "aws-1"), join(leaves, "gcp", "gcp-1")
+    leaves.close()
     send(aws, *contribution(deltas(1)))
     assert aws.expect("receipt").receipt.accepted
-    time.sleep(1.0)  # the lone member has sent and the deadline is long past
+    time.sleep(1.0)  # the lone member left has sent and the deadline is long past
     assert running.federation.model.round == 0
-    gcp = raw_agent(running.port, "gcp-1")
-    join(gcp, "gcp", "gcp-1")
-    send(gcp, *contribution(deltas(2)))
+    azure = raw_agent(running.port, "azure-1")
+    join(azure, "azure", "azure-1")
+    send(azure, *contribution(deltas(2)))
     assert (
-        gcp.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.contributors == 2
+        azure.expect("round_end", skip=("heartbeat", "chunk", "receipt")).round_end.contributors
+        == 2
     )

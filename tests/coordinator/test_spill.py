@@ -10,9 +10,9 @@ import torch
 from skyfed.compression import codec_names, make_codec
 from skyfed.compression.base import BLOCK_NUMEL
 from skyfed.coordinator.aggregate import RoundAggregate
+from skyfed.coordinator.payload_pool import PayloadPool
 from skyfed.coordinator.spill import SPILL_MIN_BYTES, SpillFile
 from skyfed.fingerprint import TensorInfo
-from skyfed.payload_pool import PayloadPool
 from skyfed.proto.chunks import Assembler, cut
 from skyfed.wire import ChunkKind, Payload, max_payload_bytes
 

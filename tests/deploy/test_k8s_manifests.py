@@ -18,7 +18,7 @@ import yaml
 from skyfed.agent.cli import main as agent_cli
 from skyfed.agent.config import AgentConfig
 from skyfed.agent.launch import EXIT_NO_SESSION, EXIT_REFUSED
-from skyfed.config import load_config
+from skyfed.config.load import load_config
 from skyfed.coordinator.cli import main as coordinator_cli
 from skyfed.coordinator.config import CoordinatorConfig
 
@@ -205,16 +205,21 @@ def test_coordinator_toml_agrees_with_its_pod_and_service(tmp_path):
     (sts,) = of_kind("aws", "StatefulSet")
     (container,) = pod_spec(sts)["containers"]
     config = build_config(*parse(container, {"/etc/skyfed/coordinator.toml": toml}))
-    assert tomllib.loads(toml.read_text())["listen"] == config.listen
+    transport = config.transport
+    assert tomllib.loads(toml.read_text())["transport"]["listen"] == transport.listen
     assert mount(sts, container, "config")["mountPath"] == flag(container, "--config")
-    assert port_of(container, "grpc") == int(config.listen.rsplit(":", 1)[1])
-    assert port_of(container, "probe") == config.probe_port
+    assert port_of(container, "grpc") == int(transport.listen.rsplit(":", 1)[1])
+    assert port_of(container, "probe") == transport.probe_port
     protocols = {p["name"]: p["protocol"] for p in container["ports"]}
     assert protocols == {"grpc": "TCP", "probe": "UDP", "metrics": "TCP"}
     state = Path(mount(sts, container, "state")["mountPath"])
-    for path in (config.checkpoint_dir, config.run_dir, config.export):
+    for path in (
+        config.checkpoints.checkpoint_dir,
+        config.metrics.run_dir,
+        config.checkpoints.export,
+    ):
         assert path is not None and path.is_relative_to(state), f"{path} is not on the volume"
-    assert mount(sts, container, "certs")["mountPath"] == str(config.certs)
+    assert mount(sts, container, "certs")["mountPath"] == str(transport.certs)
     for service in of_kind("aws", "Service"):
         if not service["spec"]["selector"].items() <= pod_labels(sts).items():
             continue  # another workload's (the multi-node site's rendezvous)

@@ -87,10 +87,11 @@ def test_each_replica_configures_itself_from_its_pod(index, tmp_path, monkeypatc
         monkeypatch.setenv(name, value)
     toml = coordinator_toml(OVERLAY, tmp_path)
     config = build_config(*parse(container, {"/etc/skyfed/coordinator.toml": toml}))
-    assert config.replica == str(index)
-    assert config.cert.name == f"coordinator-{index}.crt"
-    assert str(config.cert.parent) == mount(sts, container, "certs")["mountPath"]
-    host, _, port = config.advertise.rpartition(":")
+    cert, replicas = config.transport.cert, config.replicas
+    assert replicas.replica == str(index)
+    assert cert.name == f"coordinator-{index}.crt"
+    assert str(cert.parent) == mount(sts, container, "certs")["mountPath"]
+    host, _, port = replicas.advertise.rpartition(":")
     assert host == f"{pod}.{sts['spec']['serviceName']}"
     assert int(port) == port_of(container, "grpc")
     (peers,) = [
@@ -99,7 +100,7 @@ def test_each_replica_configures_itself_from_its_pod(index, tmp_path, monkeypatc
     assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"]
     etcd = statefulset("skyfed-etcd")
     (etcd_container,) = pod_spec(etcd)["containers"]
-    hosts = {urlsplit(u).hostname: urlsplit(u).port for u in parse_endpoints(config.etcd)}
+    hosts = {urlsplit(u).hostname: urlsplit(u).port for u in parse_endpoints(replicas.etcd)}
     service = etcd["spec"]["serviceName"]
     client = port_of(etcd_container, "client")
     assert hosts == {f"skyfed-etcd-{i}.{service}": client for i in range(3)}

@@ -1,12 +1,12 @@
-"""docs/cli.md is exactly what ``python -m skyfed.cliref`` writes from the click commands."""
+"""docs/cli.md is exactly what ``python -m skyfed.config.cliref`` writes from the click commands."""
 
-from skyfed import cliref
+from skyfed.config import cliref
 
 
 def test_cli_reference_matches_the_click_commands():
     fresh = cliref.render(cliref.entry_points())
     assert cliref.OUTPUT.read_text() == fresh, (
-        f"{cliref.OUTPUT} is stale: run `make docs` (python -m skyfed.cliref)"
+        f"{cliref.OUTPUT} is stale: run `make docs` (python -m skyfed.config.cliref)"
     )
 
 

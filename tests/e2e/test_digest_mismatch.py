@@ -25,7 +25,7 @@ def test_drifted_weights_resync_before_a_contribution_leaves_from_them(
 ) -> None:
     extra: dict[str, object] = {}
     if overlap:
-        (tmp_path / "coordinator.toml").write_text("overlap = true\n")
+        (tmp_path / "coordinator.toml").write_text("[rounds]\noverlap = true\n")
         extra["--config"] = tmp_path / "coordinator.toml"
     rounds = 6
     port = start_coordinator(reaped, tmp_path, rounds=rounds, **extra)

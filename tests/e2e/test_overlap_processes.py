@@ -23,7 +23,9 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture
 def work(tmp_path, pki):  # noqa: ANN001, ANN201
-    (tmp_path / "coordinator.toml").write_text("overlap = true\n")  # as an operator sets it
+    (tmp_path / "coordinator.toml").write_text(
+        "[rounds]\noverlap = true\n"
+    )  # as an operator sets it
     return tmp_path
 
 

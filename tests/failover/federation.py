@@ -13,9 +13,9 @@ from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator import checkpoint
 from skyfed.coordinator.admin import fetch_status
 from skyfed.coordinator.replicas.testing import agent_ledger, free_port
-from skyfed.coordinator.status import Status
 from skyfed.fingerprint import weights_digest
 from skyfed.procs import Children, command
+from skyfed.status import Status
 
 TTL_S = 2
 NAMES = ("a", "b", "c")

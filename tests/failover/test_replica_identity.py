@@ -23,7 +23,7 @@ from skyfed.agent.config import AgentConfig
 from skyfed.agent.link import open_channel
 from skyfed.certs.authority import CertificateAuthority
 from skyfed.certs.cli import cli
-from skyfed.certs.identity import Identity, IdentityError, identity_of_pem
+from skyfed.certs.identity import Identity, IdentityError, identity_of_certificate
 from skyfed.coordinator.config import CoordinatorConfig
 from skyfed.coordinator.server import run_server
 
@@ -44,7 +44,7 @@ def serving_as(pki: CertificateAuthority, name: str):  # noqa: ANN201
     """A coordinator on a free port that shows certificate ``name`` as its own."""
     d = pki.directory
     return run_server(
-        CoordinatorConfig(
+        CoordinatorConfig.from_flat(
             listen="127.0.0.1:0",
             ca=d / "ca.crt",
             crl=d / "crl.pem",
@@ -68,7 +68,11 @@ def test_replicas_hold_keys_of_their_own(pki: CertificateAuthority):
     a = pki.issue_coordinator("coordinator-a", hosts=("127.0.0.1",))
     b = pki.issue_coordinator("coordinator-b", hosts=("127.0.0.1",))
     assert a.key_path.read_bytes() != b.key_path.read_bytes()
-    assert identity_of_pem(a.cert_path.read_bytes()) != identity_of_pem(b.cert_path.read_bytes())
+    assert identity_of(a.cert_path) != identity_of(b.cert_path)
+
+
+def identity_of(cert: Path) -> Identity:
+    return identity_of_certificate(x509.load_pem_x509_certificate(cert.read_bytes()))
 
 
 @pytest.mark.parametrize("impostor", ["gcp-1", "ops"])

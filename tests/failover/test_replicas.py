@@ -20,10 +20,10 @@ from skyfed.certs.authority import CertificateAuthority
 from skyfed.coordinator.admin import fetch_status
 from skyfed.coordinator.cli import main
 from skyfed.coordinator.replicas.testing import EtcdServer, Relay, free_port
-from skyfed.coordinator.status import Status
 from skyfed.procs import Children, command
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
+from skyfed.status import Status
 from tests.conftest import credentials
 from tests.coordinator.test_bad_input import hello
 from tests.coordinator.test_call_limits import SilentCalls

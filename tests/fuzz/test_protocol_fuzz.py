@@ -156,7 +156,7 @@ def _session(channel: grpc.Channel, messages: list[bytes]) -> grpc.StatusCode:
 
 
 def test_fuzzed_sessions_leave_the_coordinator_serving_a_good_agent(pki, tmp_path, fuzz_cases):
-    config = CoordinatorConfig(
+    config = CoordinatorConfig.from_flat(
         listen="127.0.0.1:0",
         certs=pki.directory,
         codec="fp32",

@@ -8,11 +8,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from skyfed.coordinator import status as coordinator_status
-from skyfed.coordinator.efficiency import Efficiency
+from skyfed import status as coordinator_status
 from skyfed.coordinator.snapshot import to_data
 from skyfed.metrics.agent import AgentCollector
 from skyfed.metrics.coordinator import CoordinatorCollector
+from skyfed.status import Efficiency
 
 
 def round_stat(n: int, duration_s: float = 0.4, train_s: float = 0.3) -> dict:

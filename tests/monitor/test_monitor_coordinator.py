@@ -14,8 +14,8 @@ import pytest
 from skyfed.compression import codec_names, frame
 from skyfed.coordinator.links import CodecRun
 from skyfed.fingerprint import weights_digest
-from skyfed.probe_packet import PROBE, Packet, pack
 from skyfed.proto import federation_pb2 as pb
+from skyfed.proto.probe_packet import PROBE, Packet, pack
 from skyfed.proto.serde import specs_to_proto
 
 from ..coordinator.test_bad_input import contribution, deltas, model_and_spec, send

@@ -11,7 +11,7 @@ import pytest
 
 from skyfed.agent.probe import ProbeClient
 from skyfed.coordinator.probe import ProbeEcho
-from skyfed.probe_packet import ECHO, PACKET_BYTES, PROBE, Packet, pack, unpack
+from skyfed.proto.probe_packet import ECHO, PACKET_BYTES, PROBE, Packet, pack, unpack
 
 
 @pytest.fixture

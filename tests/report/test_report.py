@@ -14,13 +14,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from skyfed.coordinator.efficiency import Efficiency
 from skyfed.coordinator.evaluate import EvalResult
 from skyfed.coordinator.history import RunHistory
 from skyfed.procs import command, wait_for_file
 from skyfed.report import make_report, plots
 from skyfed.report.data import load
 from skyfed.report.plots import STYLE
+from skyfed.status import Efficiency
 from tests.conftest import RawAgent, credentials
 from tests.coordinator.test_bad_input import contribution, deltas, join, send
 

@@ -26,7 +26,9 @@ def table(browser: Browser, table_id: str) -> dict[str, str]:
 def test_the_report_says_what_was_run_and_shows_every_figure(pki, tmp_path):
     run_dir = tmp_path / "run"
     record_run(run_dir, timed=True)
-    config = CoordinatorConfig(certs=pki.directory, codec="auto", rounds=8, run_dir=run_dir)
+    config = CoordinatorConfig.from_flat(
+        certs=pki.directory, codec="auto", rounds=8, run_dir=run_dir
+    )
     runinfo.write(run_dir, config)
     page = make_report(run_dir)
     browser = Browser(tmp_path / "profile")

@@ -1,17 +1,33 @@
-"""The coordinator's status as plain dataclasses: who is connected and how, recent rounds."""
+"""The coordinator's status as plain dataclasses, free of protobuf: who is connected and how,
+recent rounds, the replicas. What the ``Status`` RPC answers (``proto/serde.py`` converts it)
+and the status file holds; the coordinator builds it (``coordinator/snapshot.py``)."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from skyfed.compression.monitor import Window
-from skyfed.coordinator.efficiency import Efficiency
 
-if TYPE_CHECKING:
-    from skyfed.coordinator.federation import Federation
-    from skyfed.coordinator.session import Session
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """An exchange against its floor: what status shows for a link and a round."""
+
+    round: int
+    exchange_s: float
+    floor_s: float
+    ratio: float
+    rtt_ms: float
+    rate_mbit: float
+    """The rate the floor assumes."""
+    goodput_mbit: float
+    """The exchange's bytes over its time."""
+    streams: int
+    limit: str
+    """What holds the exchange above its floor ("" when within :data:`HIGH_RATIO`)."""
+    cloud: str = ""
+    name: str = ""
+    """The agent whose link it is (filled in by the coordinator for status)."""
 
 
 @dataclass(slots=True)
@@ -36,11 +52,11 @@ class RoundStats:
     wall_s: float = 0.0
     """Seconds since the coordinator started, when the round closed."""
     links: list[Efficiency] = field(default_factory=list)
+    """Each link's exchange against its floor, once its agent timed it (its next
+    contribution reports it)."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """The named metrics each site's contribution to this round carried, by agent name,
     taken as the round closes (``rounds.jsonl``; the wire's status has no field for it)."""
-    """Each link's exchange against its floor, once its agent timed it (its next
-    contribution reports it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,76 +197,3 @@ class Status:
     perplexity...; ``{"loss": eval_loss}`` for a task with ``eval_loss`` alone)."""
     replicas: ReplicaSet | None = None
     """The coordinator replicas (docs/failover.md); None: one coordinator, no election."""
-
-
-def build_status(fed: Federation, windows: bool = False, departed: bool = False) -> Status:
-    """A snapshot of ``fed``; the caller holds its lock. ``windows`` adds raw link samples,
-    ``departed`` the last round's members that have left since (``Federation.status``)."""
-    now = time.monotonic()
-    sessions, revoked = fed.admission.sessions, fed.admission.revoked
-    down = fed.admission.down
-    rounds = fed.rounds
-    gone = [
-        s
-        for s in (rounds.closed_with if departed else ())
-        if s.key not in sessions and s.key not in revoked and s.key not in down
-    ]
-    return Status(
-        round=fed.model.round,
-        agents=[_agent(fed, s, now, windows) for s in sessions.values()]
-        + [_agent(fed, s, now, False) for k, s in revoked.items() if k not in sessions]
-        + [_agent(fed, s, now, False) for s in gone]
-        + [_agent(fed, s, now, False) for k, s in down.items() if k not in sessions],
-        weights_digest=fed.model.weights_digest,
-        uptime_s=now - fed.started_at,
-        rounds=[replace(r, links=list(r.links)) for r in rounds.history],
-        finished=rounds.finished,
-        exchange=fed.config.exchange,
-        rounds_planned=fed.config.rounds,
-        min_agents=fed.config.min_agents,
-        refusals=dict(fed.refusals),
-        checkpoints=rounds.checkpoints_written,
-        checkpoint_s=rounds.checkpoint_wait_s,
-        eval_round=fed.evaluation.round if fed.evaluation else -1,
-        eval_loss=fed.evaluation.loss if fed.evaluation else 0.0,
-        eval_metrics=dict(fed.evaluation.metrics) if fed.evaluation else {},
-    )
-
-
-def _agent(fed: Federation, s: Session, now: float, windows: bool) -> AgentStatus:
-    return AgentStatus(
-        cloud=s.identity.cloud or "",
-        name=s.identity.name,
-        state=s.state,
-        last_round=s.last_round,
-        codec=s.codec,
-        rtt_ms=s.rtt_ms,
-        bytes_up=s.bytes_up,
-        bytes_down=s.bytes_down,
-        connected_s=now - s.joined_at,
-        codec_switches=s.codec_switches,
-        refused=s.refused,
-        loss_pct=s.loss_pct,
-        jitter_ms=s.jitter_ms,
-        goodput_mbit=s.goodput_mbit,
-        windows=_windows(fed, s) if windows else [],
-        raw_bytes_up=s.raw_bytes_up,
-        raw_bytes_down=s.raw_bytes_down,
-        streams=s.connections,
-        stream_switches=s.stream_switches,
-        efficiency=s.efficiency,
-        codec_params=fed.links.codec_params(s, fed.model.round),
-        local_steps=s.local_steps,
-        dp=s.dp,
-        tp=s.tp,
-        last_error=s.last_error,
-        metrics=dict(s.metrics),
-        metrics_round=s.metrics_round,
-    )
-
-
-def _windows(fed: Federation, session: Session) -> list[Window]:
-    link = fed.links.get(session)
-    if link is None:
-        return []
-    return list(link.monitor.window_log)

@@ -7,7 +7,7 @@ import torch
 
 from skyfed.compression import make_codec
 from skyfed.compression.feedback import ErrorFeedback
-from skyfed.payload_pool import PayloadPool
+from skyfed.coordinator.payload_pool import PayloadPool
 from skyfed.proto import serde
 from skyfed.proto.chunks import cut
 from skyfed.proto.outbox import Outbox
