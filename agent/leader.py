@@ -38,6 +38,11 @@ class Replicas:
                 log.info("[Agent.Leader] a standby names %s, not among %s", leader, self.addresses)
             self._named = leader
             return True
+        gone = self.current
         self._named = None
         self._index = (self._index + 1) % len(self.addresses)
+        if self.addresses[self._index] == gone and len(self.addresses) > 1:
+            # The named leader that did not answer is also next in turn: a partitioned
+            # leader black-holes each dial for the connect timeout, so skip it this time.
+            self._index = (self._index + 1) % len(self.addresses)
         return False

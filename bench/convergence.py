@@ -236,7 +236,10 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="--to-target's small grid")
     parser.add_argument(
-        "--tasks", default="chargpt,digits", help="--to-target's tasks, comma-separated"
+        "--tasks",
+        default="chargpt,digits",
+        help="--to-target's tasks, comma-separated: chargpt, digits, llama (the Hugging Face "
+        "Llama example, the hf extra)",
     )
     parser.add_argument(
         "--configs",

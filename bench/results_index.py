@@ -32,6 +32,7 @@ BENCHES = {
     "adaptive": "The link policy against fixed codecs (`bench/adaptive.py`)",
     "convergence": "Convergence and bytes to a target loss (`bench/convergence.py`)",
     "scale": "Large models: the exchange path's memory and CPU (`bench/scale.py`)",
+    "failover": "Coordinator failover under chaos (`bench/failover.py`)",
     "digest": "Weights and integrity digests (`bench/digest.py`)",
     "data_plane": "gRPC against plain TLS sockets (`bench/data_plane.py`)",
     "wan": "Long, lossy links in the network lab (`bench/wan.py`)",

@@ -26,6 +26,16 @@ def test_the_leader_a_standby_names_is_dialled_first():
     assert replicas.current == "b:1"
 
 
+def test_a_named_leader_that_does_not_answer_is_not_dialled_again_next():
+    # a standby names b (etcd still holds a partitioned leader's key); b black-holes the
+    # dial; the next in turn after a is b again, so the agent goes on to c
+    replicas = Replicas(["a:1", "b:1", "c:1"])
+    assert replicas.failed(leader="b:1") is True
+    assert replicas.current == "b:1"
+    assert replicas.failed() is False
+    assert replicas.current == "c:1"
+
+
 def test_a_standby_naming_the_address_just_dialled_moves_on():
     replicas = Replicas(["a:1", "b:1"])
     assert replicas.failed(leader="a:1") is False

@@ -53,7 +53,28 @@ def test_quick_to_target_prints_both_tasks_tables_and_the_best_ratio():
 def test_unknown_task_is_a_one_line_usage_error():
     done = _bench("--to-target", "--tasks", "mnist", timeout=60)
     assert done.returncode == 2
-    assert "--tasks 'mnist': choose from chargpt, digits" in done.stderr.splitlines()[-1]
+    assert "--tasks 'mnist': choose from chargpt, digits, llama" in done.stderr.splitlines()[-1]
+
+
+def test_llama_example_runs_to_target_through_the_same_reading():
+    """The Hugging Face Llama example (shrunk by ``--task-options``) gets its reference,
+    its table and its per-seed line as the embedded tasks do; FP32 deltas of 2 local steps
+    send per round what data-parallel sends per step, so the ratio times steps/S is 2."""
+    out = _bench(
+        *("--to-target", "--tasks", "llama", "--steps", "4", "--seeds", "0", "--cap", "4"),
+        *("--configs", "H=2 sgd fp32", "--jobs", "1"),
+        *("--task-options", "hidden=8&layers=1&heads=2&kv_heads=1&intermediate=16&block=8"),
+        timeout=120,
+        check=True,
+    ).stdout
+    lines = out.strip().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("llama: target"))
+    assert "after S=4 steps" in lines[header] and "task options hidden=8" in lines[header]
+    row = lines[header + 2]
+    assert row.startswith("H=2 sgd fp32 ") and row.split()[3] == "1/1", row
+    ratio, steps = (float(x) for x in RATIO_STEPS.search(row).groups())
+    assert ratio * steps == pytest.approx(2, rel=0.05)
+    assert any(line.startswith("llama, point target: seeds reached within 4x S") for line in lines)
 
 
 def test_configs_option_runs_only_the_named_configurations_at_the_given_sizes():
