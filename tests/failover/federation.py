@@ -32,18 +32,44 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> ob
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-class ReplicaFederation:
+class Replicas:
+    """Replica processes ``a``, ``b``, ``c`` on free loopback ports, each with its own
+    certificate, and what each says it is (its status over mTLS)."""
+
+    def __init__(self, kids: Children, pki: CertificateAuthority, etcd_url: str) -> None:
+        self.kids, self.pki, self.etcd_url = kids, pki, etcd_url
+        self.ports = {name: free_port() for name in NAMES}
+        for name in NAMES:
+            pki.issue_coordinator(f"coordinator-{name}", hosts=("127.0.0.1", "localhost"))
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def status(self, name: str) -> Status | None:
+        try:
+            return fetch_status(self.address(name), self.pki.directory, "ops", timeout_s=2)
+        except grpc.RpcError:
+            return None
+
+    def leaders(self, names: tuple[str, ...] = NAMES) -> list[tuple[str, int]]:
+        """(replica, term) of each replica that says it leads."""
+        found = []
+        for name in names:
+            s = self.status(name)
+            if s is not None and s.replicas is not None and s.replicas.leading:
+                found.append((name, s.replicas.term))
+        return found
+
+
+class ReplicaFederation(Replicas):
     """Replicas ``a``, ``b``, ``c`` (each with its own checkpoint directory) and agents
     ``aws``, ``gcp``, ``azure``, all on loopback with real mTLS; ``rounds`` rounds."""
 
     def __init__(
         self, kids: Children, pki: CertificateAuthority, etcd_url: str, work: Path, rounds: int
     ) -> None:
-        self.kids, self.pki, self.etcd_url, self.work = kids, pki, etcd_url, work
-        self.rounds = rounds
-        self.ports = {name: free_port() for name in NAMES}
-        for name in NAMES:
-            pki.issue_coordinator(f"coordinator-{name}", hosts=("127.0.0.1", "localhost"))
+        super().__init__(kids, pki, etcd_url)
+        self.work, self.rounds = work, rounds
 
     def start(self, name: str, env: dict[str, str] | None = None, etcd_url: str = "") -> None:
         flags = {
@@ -86,23 +112,6 @@ class ReplicaFederation:
             args = [str(x) for kv in flags.items() for x in kv]
             env = {"SKYFED_LOG_LEVEL": "DEBUG"}  # each round it applies: [Agent.Phase]
             self.kids.start(cloud, command("agent", "start", *args, "--no-progress"), env)
-
-    def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.ports[name]}"
-
-    def status(self, name: str) -> Status | None:
-        try:
-            return fetch_status(self.address(name), self.pki.directory, "ops", timeout_s=2)
-        except grpc.RpcError:
-            return None
-
-    def leaders(self, names: tuple[str, ...] = NAMES) -> list[tuple[str, int]]:
-        found = []
-        for name in names:
-            s = self.status(name)
-            if s is not None and s.replicas is not None and s.replicas.leading:
-                found.append((name, s.replicas.term))
-        return found
 
     def finish(self, timeout_s: float = 300) -> None:
         """Every agent has trained every round and exited 0."""

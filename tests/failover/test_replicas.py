@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 
 import grpc
 import pytest
 from click.testing import CliRunner
 
 from skyfed.certs.authority import CertificateAuthority
-from skyfed.coordinator.admin import fetch_status
 from skyfed.coordinator.cli import main
-from skyfed.coordinator.replicas.testing import EtcdServer, Relay, free_port
+from skyfed.coordinator.replicas.testing import EtcdServer, Relay
 from skyfed.procs import Children, command
 from skyfed.proto import federation_pb2 as pb
 from skyfed.proto import serde
-from skyfed.status import Status
 from tests.conftest import credentials
 from tests.coordinator.test_bad_input import hello
 from tests.coordinator.test_call_limits import SilentCalls
+from tests.failover import federation
+from tests.failover.federation import NAMES, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -34,17 +33,10 @@ TTL_S = 2
 SLACK_S = 4.0
 """Beyond the lease: etcd's expiry tick (0.5 s), the successor's start (its task, its
 port) and a shared 2-core machine."""
-NAMES = ("a", "b", "c")
 
 
-class Replicas:
-    """Replica processes ``a``, ``b``, ``c`` on fixed loopback ports, and what they say."""
-
-    def __init__(self, kids: Children, pki: CertificateAuthority, etcd_url: str) -> None:
-        self.kids, self.pki, self.etcd_url = kids, pki, etcd_url
-        self.ports = {name: free_port() for name in NAMES}
-        for name in NAMES:
-            pki.issue_coordinator(f"coordinator-{name}", hosts=("127.0.0.1", "localhost"))
+class Replicas(federation.Replicas):
+    """The replicas alone (one agent at most), at the election's defaults."""
 
     def start(self, name: str, etcd_url: str | None = None) -> None:
         flags = {
@@ -60,34 +52,6 @@ class Replicas:
         }
         argv = command("coordinator", "serve", *(str(x) for kv in flags.items() for x in kv))
         self.kids.start(name, argv)
-
-    def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.ports[name]}"
-
-    def status(self, name: str) -> Status | None:
-        try:
-            return fetch_status(self.address(name), self.pki.directory, "ops", timeout_s=2)
-        except grpc.RpcError:
-            return None
-
-    def leaders(self, names: tuple[str, ...] = NAMES) -> list[tuple[str, int]]:
-        """(replica, term) of each replica that says it leads."""
-        found = []
-        for name in names:
-            s = self.status(name)
-            if s is not None and s.replicas is not None and s.replicas.leading:
-                found.append((name, s.replicas.term))
-        return found
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture
