@@ -54,15 +54,16 @@ def test_only_a_replica_that_holds_the_released_round_takes_over(etcd: EtcdServe
 
 def test_a_deposed_leader_cannot_record_a_release(etcd: EtcdServer):
     a, record = replica(etcd, "a", Held(-1, ""))
+    # a leads before b campaigns: each campaigns on a thread of its own, so b, started
+    # right after, could otherwise create its key first and lead (the test then waited
+    # for a in vain).
+    wait_for(lambda: a.leading, 30)
     b, _ = replica(etcd, "b", Held(-1, ""))
     try:
-        # What is pinned is the refusal, not how fast b takes over: generous waits for a
-        # loaded 2-core host (10 s ran out once there).
-        wait_for(lambda: a.leading, 30)
         held = a.won
         assert held is not None
         a.close()  # deposed: its election key is gone
-        wait_for(lambda: b.leading, 30)
+        wait_for(lambda: b.leading, 30)  # generous: what is pinned is the refusal
         assert not record.etcd.put_if(held, b"test/released", b"{}")
         assert not record.release(a, 0, "w3:stale")
     finally:
