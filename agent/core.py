@@ -10,6 +10,7 @@ a site does with its model, it does here, so both speak the protocol alike.
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +63,7 @@ class Steps:
     samples: int
 
 
-class TrainerCore:
+class TrainerCore(abc.ABC):
     """One rank's part of ``model``; between rounds its parameters always equal the
     federation's weights (:meth:`train` restores them), so every site starts a round
     bit-identical.
@@ -161,9 +162,10 @@ class TrainerCore:
         loss = sum(steps.losses) / len(steps.losses) if steps.losses else float("nan")
         return LocalResult(delta, loss, steps.samples, time.perf_counter() - started)
 
+    @abc.abstractmethod
     def _steps(self, settle: Callable[[], str | None]) -> Steps:
-        """The phase's optimizer steps; ``settle()`` before the first one changes weights."""
-        raise NotImplementedError
+        """The phase's optimizer steps; ``settle()`` before the first one changes weights.
+        The task's loop (``LocalTrainer``) or the user's script (``ScriptTrainer``)."""
 
     def stepped(self) -> None:
         """One local step done: the counters and the per-step hook."""
